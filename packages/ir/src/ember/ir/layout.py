@@ -1,0 +1,57 @@
+"""Layout: where a tensor's elements live (device, dtype, sizes, strides, offset)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from ember.ir.symbolic import as_expr
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Device, dtype, sizes, strides and storage offset of a tensor.
+
+    Sizes, strides and offset are sympy expressions: Integers when static, expressions
+    over size symbols when the graph is dynamic.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    size: tuple[sympy.Expr, ...]
+    stride: tuple[sympy.Expr, ...]
+    offset: sympy.Expr = sympy.Integer(0)
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> Layout:
+        """The layout of a real or fake tensor, symbolic sizes included."""
+        return Layout(
+            device=tensor.device,
+            dtype=tensor.dtype,
+            size=tuple(as_expr(s) for s in tensor.shape),
+            stride=tuple(as_expr(s) for s in tensor.stride()),
+            offset=as_expr(tensor.storage_offset()),
+        )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.size)
+
+    @property
+    def free_symbols(self) -> frozenset[sympy.Symbol]:
+        symbols: set[sympy.Symbol] = set()
+        for e in (*self.size, *self.stride, self.offset):
+            symbols |= e.free_symbols
+        return frozenset(symbols)
+
+    def numel(self) -> sympy.Expr:
+        return sympy.Mul(*self.size) if self.size else sympy.Integer(1)
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        size = ", ".join(str(s) for s in self.size)
+        stride = ", ".join(str(s) for s in self.stride)
+        offset = f", offset={self.offset}" if self.offset != 0 else ""
+        return f"{dtype}[{size}] stride=({stride}){offset} {self.device}"

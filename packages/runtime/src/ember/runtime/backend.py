@@ -1,0 +1,51 @@
+"""The `torch.compile` backend: `torch.compile(model, backend="ember")`.
+
+Dynamo hands ember a Torch-level FX graph; AOTAutograd traces it to ATen with ember's
+decomposition table, splits forward and backward for training, and ember compiles
+each of the resulting graphs with `compile_graph`. The backend is registered through
+the `torch_dynamo_backends` entry point of ember-runtime, and also on import of
+`ember.runtime` so that it works with the packages only on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+
+from ember.graphpasses import ember_decompositions
+from ember.runtime.compiler import compile_graph
+
+
+def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
+    return functools.partial(_compile_kind, kind=kind)
+
+
+def _compile_kind(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, kind: str) -> Any:
+    return compile_graph(gm, example_inputs, name=kind)
+
+
+def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
+    backend = aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        inference_compiler=_compiler("inference"),
+        decompositions=ember_decompositions(),
+        # Input mutations stay in the inference graph as copy_ epilogues, which ember
+        # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
+        keep_inference_input_mutations=True,
+    )
+    return backend(gm, example_inputs, **kwargs)
+
+
+def register() -> None:
+    """Make `backend="ember"` known to Dynamo (idempotent)."""
+    from torch._dynamo.backends import registry
+
+    if "ember" not in registry._COMPILER_FNS:
+        registry.register_backend(name="ember")(ember_backend)
