@@ -19,7 +19,7 @@ __all__ = [
     "PassReport",
     "PassResult",
     "default_pipeline",
-    "ember_decompositions",
     "eliminate_dead_code",
+    "ember_decompositions",
     "named_pass",
 ]

@@ -13,9 +13,7 @@ from ember.graphpasses.passes import (
 )
 
 
-@named_pass(
-    "dead_code_elimination", (PRESERVES_NO_MUTATION, PRESERVES_CORE_ATEN, PRESERVES_VALUES)
-)
+@named_pass("dead_code_elimination", (PRESERVES_NO_MUTATION, PRESERVES_CORE_ATEN, PRESERVES_VALUES))
 def eliminate_dead_code(gm: torch.fx.GraphModule) -> PassResult:
     """Remove nodes whose results nobody uses.
 

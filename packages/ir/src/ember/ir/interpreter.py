@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
-import torch
 
 from ember.ir.nodes import (
     BufferRef,
@@ -32,7 +31,10 @@ def bind_symbols(program: Program, args: Sequence[Any]) -> dict[sympy.Symbol, in
             bindings[node.expr] = int(arg)
         elif isinstance(node, InputBuffer):
             layout = node.layout
-            dims = (*zip(layout.size, arg.shape), *zip(layout.stride, arg.stride()))
+            dims = (
+                *zip(layout.size, arg.shape, strict=True),
+                *zip(layout.stride, arg.stride(), strict=True),
+            )
             for expr, actual in dims:
                 if isinstance(expr, sympy.Symbol):
                     bindings.setdefault(expr, int(actual))
@@ -49,7 +51,7 @@ def run_program(program: Program, args: Sequence[Any]) -> list[Any]:
         if isinstance(tree, BufferRef):
             return env[tree.name]
         if isinstance(tree, sympy.Basic):
-            return evaluate(tree, bindings)  # type: ignore[arg-type]  # Basic covers bools
+            return evaluate(tree, bindings)
         if isinstance(tree, tuple):
             return [value(t) for t in tree]
         if isinstance(tree, dict):

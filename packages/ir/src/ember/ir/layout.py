@@ -9,6 +9,8 @@ import torch
 
 from ember.ir.symbolic import as_expr
 
+ZERO = sympy.Integer(0)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -22,7 +24,7 @@ class Layout:
     dtype: torch.dtype
     size: tuple[sympy.Expr, ...]
     stride: tuple[sympy.Expr, ...]
-    offset: sympy.Expr = sympy.Integer(0)
+    offset: sympy.Expr = ZERO
 
     @staticmethod
     def of(tensor: torch.Tensor) -> Layout:

@@ -133,7 +133,8 @@ class GraphLowering:
         value = _fetch_attr(self.gm, str(node.target))
         if not isinstance(value, torch.Tensor):
             return value
-        const = ConstantBuffer(self._new_name("const"), value.detach())
+        # No tensor op here: lowering may run under AOTAutograd's active fake mode.
+        const = ConstantBuffer(self._new_name("const"), value)
         self.program.constants.append(const)
         return BufferRef(const.name)
 
@@ -142,14 +143,17 @@ class GraphLowering:
         if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
             return self._lower_getitem(node)
         if isinstance(val, _SYM_TYPES) or (
-            isinstance(val, (int, float, bool)) and not isinstance(node.target, torch._ops.OpOverload)
+            isinstance(val, (int, float, bool))
+            and not isinstance(node.target, torch._ops.OpOverload)
         ):
             expr = as_expr(val)
             if expr.free_symbols <= self._bound_symbols:
                 return expr  # pure size arithmetic: no code
             if isinstance(node.target, torch._ops.OpOverload) and isinstance(expr, sympy.Symbol):
                 return self._extern(node, symbol=expr)  # defines an unbacked symbol
-            raise LoweringError(node.name, str(node.target), f"size {expr} depends on unbound symbols")
+            raise LoweringError(
+                node.name, str(node.target), f"size {expr} depends on unbound symbols"
+            )
         if not isinstance(node.target, torch._ops.OpOverload):
             raise LoweringError(
                 node.name,
@@ -211,7 +215,9 @@ class GraphLowering:
             raise LoweringError(node.name, "getitem", f"cannot index {type(parent).__name__}")
         val = node.meta.get("val")
         layout = Layout.of(val) if isinstance(val, torch.Tensor) else None
-        out = MultiOutput(self._new_name("buf"), parent.name, int(index), layout)  # type: ignore[call-overload]  # index is an int from the graph
+        if not isinstance(index, int):
+            raise LoweringError(node.name, "getitem", f"index {index!r} is not an int")
+        out = MultiOutput(self._new_name("buf"), parent.name, index, layout)
         self.program.nodes.append(out)
         return BufferRef(out.name)
 

@@ -21,9 +21,9 @@ def as_expr(value: Any) -> sympy.Expr:
     """An int, bool, float or torch Sym* value as a sympy expression."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         expr = value.node.expr
-        return sympy.sympify(expr) if not isinstance(expr, sympy.Basic) else expr  # type: ignore[no-any-return]  # sympy is untyped
+        return expr if isinstance(expr, sympy.Basic) else sympy.sympify(expr)
     if isinstance(value, bool):
-        return sympy.true if value else sympy.false  # type: ignore[no-any-return]  # sympy is untyped
+        return sympy.true if value else sympy.false
     if isinstance(value, int):
         return sympy.Integer(value)
     if isinstance(value, float):
@@ -40,7 +40,11 @@ def is_symbolic(value: Any) -> bool:
 
 def evaluate(expr: sympy.Expr, bindings: Mapping[sympy.Symbol, int]) -> int | float | bool:
     """Evaluate a size expression with concrete symbol values."""
-    value = expr.xreplace(dict(bindings)) if expr.free_symbols else expr
+    value = (
+        expr.xreplace({k: sympy.sympify(v) for k, v in bindings.items()})
+        if expr.free_symbols
+        else expr
+    )
     if value.free_symbols:
         missing = ", ".join(sorted(str(s) for s in value.free_symbols))
         raise KeyError(f"size expression {expr} needs values for {missing}")

@@ -35,7 +35,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
-        decompositions=ember_decompositions(),
+        decompositions=ember_decompositions(),  # type: ignore[arg-type]  # OpOverload keys
         # Input mutations stay in the inference graph as copy_ epilogues, which ember
         # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
         keep_inference_input_mutations=True,

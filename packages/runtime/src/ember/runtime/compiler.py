@@ -38,8 +38,8 @@ class EmberCompileError(RuntimeError):
     def __init__(self, graph: str, stage: str, cause: BaseException) -> None:
         super().__init__(
             f"ember failed to compile graph {graph!r} in stage {stage!r}: "
-            f"{type(cause).__name__}: {cause}. Set EMBER_STRICT=0 to run such graphs "
-            "eagerly, and EMBER_DEBUG_DIR=<dir> to see each stage's output."
+            f"{type(cause).__name__}: {cause}. (Such graphs run eagerly unless EMBER_STRICT=1; "
+            "EMBER_DEBUG_DIR=<dir> dumps each stage's output.)"
         )
         self.graph = graph
         self.stage = stage

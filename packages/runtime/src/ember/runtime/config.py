@@ -138,9 +138,7 @@ class EmberConfig:
             self._overrides = saved
 
     def describe(self) -> str:
-        return "\n".join(
-            f"{k.env:<18} {self.get(name)!s:<24} {k.doc}" for name, k in KNOBS.items()
-        )
+        return "\n".join(f"{k.env:<18} {self.get(name)!s:<24} {k.doc}" for name, k in KNOBS.items())
 
 
 config = EmberConfig()

@@ -6,7 +6,12 @@ import logging
 
 from ember.runtime.config import config
 
-_LEVELS = {"": logging.WARNING, "warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG}
+_LEVELS = {
+    "": logging.WARNING,
+    "warning": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+}
 _configured = False
 
 

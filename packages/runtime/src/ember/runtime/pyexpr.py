@@ -90,7 +90,7 @@ class PythonExprPrinter(StrPrinter):  # type: ignore[misc]  # sympy is untyped
         base, exp = expr.args
         return f"(({self._print(base)}) ** ({self._print(exp)}))"
 
-    def emptyPrinter(self, expr: Any) -> str:  # noqa: N802  # sympy's hook name
+    def emptyPrinter(self, expr: Any) -> str:  # sympy's hook name
         raise NotImplementedError(
             f"ember cannot print the size expression {expr} ({type(expr).__name__}) as Python"
         )

@@ -1,0 +1,146 @@
+"""The torch.compile backend: registration, inference, training, dynamic shapes,
+input mutation, fallbacks and the debug dump."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember.runtime import EmberCompileError, compile_records, config
+from ember.runtime.models import MLP, TransformerBlock
+
+
+def last_records(start: int) -> list[object]:
+    return list(compile_records[start:])
+
+
+def test_entry_point_names_the_backend() -> None:
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    ember = [ep for ep in eps if ep.name == "ember"]
+    assert ember and ember[0].value == "ember.runtime.backend:ember_backend"
+
+
+def test_backend_is_listed_by_dynamo() -> None:
+    assert "ember" in torch._dynamo.list_backends()
+
+
+def test_inference_matches_eager_and_uses_ember() -> None:
+    model = TransformerBlock(32, 4, 64).eval()
+    x = torch.randn(2, 8, 32)
+    start = len(compile_records)
+    with torch.no_grad():
+        out = torch.compile(model, backend="ember")(x)
+        torch.testing.assert_close(out, model(x))
+    (record,) = compile_records[start:]
+    assert record.graph.startswith("inference")
+    assert record.ran_eagerly is None
+    assert record.kernels > 5
+    source = record.wrapper_path.read_text()
+    assert ("def call(args):" in source and "aten_mm_default" in source) or "aten_addmm" in source
+
+
+def test_training_compiles_forward_and_backward() -> None:
+    model = MLP(16, 32, 4)
+    twin = MLP(16, 32, 4)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(8, 16)
+    start = len(compile_records)
+    torch.compile(twin, backend="ember")(x).sum().backward()
+    model(x).sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
+    kinds = sorted(r.graph.split("_")[0] for r in compile_records[start:])
+    assert kinds == ["backward", "forward"]
+
+
+def test_dynamic_shapes_compile_once_for_all_batch_sizes() -> None:
+    model = MLP(16, 32, 4).eval()
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    start = len(compile_records)
+    with torch.no_grad():
+        for batch in (3, 5, 11):  # size 1 is specialised by Dynamo itself
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    records = compile_records[start:]
+    assert len(records) == 1, [r.graph for r in records]
+    source = records[0].wrapper_path.read_text()
+    assert "sym_" in source  # the batch size is a symbol bound at run time
+
+
+def test_input_mutation_is_written_back() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        y[1:].add_(x[1:])
+        return x + y
+
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    ea, eb = a.clone(), b.clone()
+    expected = f(ea, eb)
+    actual = torch.compile(f, backend="ember")(a, b)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(a, ea)
+    torch.testing.assert_close(b, eb)
+
+
+def test_size_outputs_and_views_of_inputs() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x.t(), x.shape[0] * 2
+
+    x = torch.randn(5, 3)
+    out, n = torch.compile(f, backend="ember", dynamic=True)(x)
+    assert n == 10
+    assert out.data_ptr() == x.data_ptr()  # a view stays a view
+
+
+def _break_lowering(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ember.runtime.compiler as compiler
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("planted lowering failure")
+
+    monkeypatch.setattr(compiler, "lower_graph", broken)
+
+
+def test_compile_failure_falls_back_to_eager_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _break_lowering(monkeypatch)
+    model = MLP(8, 16, 2).eval()
+    x = torch.randn(3, 8)
+    start = len(compile_records)
+    with caplog.at_level(logging.WARNING, logger="ember"), torch.no_grad():
+        logging.getLogger("ember").propagate = True
+        torch.testing.assert_close(torch.compile(model, backend="ember")(x), model(x))
+    (record,) = compile_records[start:]
+    assert record.ran_eagerly is not None and "planted lowering failure" in record.ran_eagerly
+    assert "lowering" in record.ran_eagerly
+
+
+def test_strict_mode_raises_naming_graph_and_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    _break_lowering(monkeypatch)
+    with config.scope(strict=True), pytest.raises(Exception) as info:
+        torch.compile(MLP(8, 16, 2), backend="ember")(torch.randn(3, 8))
+    error = info.value
+    while error is not None and not isinstance(error, EmberCompileError):
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    assert isinstance(error, EmberCompileError)
+    assert error.stage == "lowering" and "planted lowering failure" in str(error)
+
+
+def test_fallback_disabled_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    with config.scope(fallback=False, strict=True), pytest.raises(Exception) as info:
+        torch.compile(lambda x: torch.sigmoid(x) * 3, backend="ember")(torch.randn(4))
+    assert "aten.sigmoid" in str(info.value) and "EMBER_FALLBACK" in str(info.value)
+
+
+def test_debug_dir_holds_every_stage(tmp_path: Path) -> None:
+    with config.scope(debug_dir=tmp_path / "debug"), torch.no_grad():
+        torch.compile(MLP(8, 16, 2).eval(), backend="ember")(torch.randn(3, 8))
+    (graph_dir,) = (tmp_path / "debug").iterdir()
+    names = {p.name for p in graph_dir.iterdir()}
+    assert {"ir.txt", "schedule.txt", "wrapper.py", "passes"} <= names
+    assert "extern aten.addmm" in (graph_dir / "ir.txt").read_text()

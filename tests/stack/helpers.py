@@ -1,0 +1,75 @@
+"""Comparison helpers: run a model eagerly and through ember, compare everything."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ember.runtime import compile_records
+
+
+def compiled_copy(model: nn.Module, **kwargs: Any) -> tuple[nn.Module, Callable[..., Any]]:
+    twin = copy.deepcopy(model)
+    return twin, torch.compile(twin, backend="ember", **kwargs)
+
+
+def check_inference(
+    model: nn.Module, inputs: Sequence[Any], *, rtol: float = 1e-5, atol: float = 1e-5
+) -> None:
+    model.eval()
+    twin, compiled = compiled_copy(model)
+    twin.eval()
+    start = len(compile_records)
+    with torch.no_grad():
+        expected = model(*inputs)
+        actual = compiled(*inputs)
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+    assert_compiled_by_ember(start)
+
+
+def check_training(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    *,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+    steps: int = 2,
+) -> None:
+    """Forward + backward, twice (so running statistics and state updates compound):
+    outputs, every gradient and every buffer must match eager."""
+    model.train()
+    twin, compiled = compiled_copy(model)
+    twin.train()
+    loss_fn = loss or (lambda out: out.float().square().mean())
+    start = len(compile_records)
+    for _ in range(steps):
+        for m in (model, twin):
+            m.zero_grad(set_to_none=True)
+        expected = model(*inputs)
+        actual = compiled(*inputs)
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+        loss_fn(expected).backward()
+        loss_fn(actual).backward()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None), name
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, rtol=rtol, atol=atol, msg=f"grad {name}")
+        for (name, b), c in zip(model.named_buffers(), twin.buffers(), strict=True):
+            torch.testing.assert_close(c, b, rtol=rtol, atol=atol, msg=f"buffer {name}")
+    assert_compiled_by_ember(start, backward=True)
+
+
+def assert_compiled_by_ember(start: int, *, backward: bool = False) -> None:
+    """The graphs went through ember's pipeline (not an eager fallback)."""
+    records = compile_records[start:]
+    assert records, "ember compiled no graph: the backend was not used"
+    failed = [(r.graph, r.ran_eagerly) for r in records if r.ran_eagerly]
+    assert not failed, failed
+    assert all(r.wrapper_path is not None and r.wrapper_path.exists() for r in records)
+    if backward:
+        assert any(r.graph.startswith("backward") for r in records)
