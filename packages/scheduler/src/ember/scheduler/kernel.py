@@ -83,6 +83,27 @@ class FusedKernel:
     def is_scatter(self) -> bool:
         return any(m.kind == SCATTER for m in self.members)
 
+    def buffer_arguments(self) -> tuple[str, ...]:
+        """The kernel's buffer parameters in order: inputs, outputs, then mutated
+        targets not already listed."""
+        names = [*self.inputs, *self.outputs]
+        for m in self.members:
+            if m.mutates is not None and m.mutates not in names:
+                names.append(m.mutates)
+        return tuple(names)
+
+    def size_arguments(self) -> tuple[sympy.Symbol, ...]:
+        """The size symbols the kernel's ranges and index expressions use, by name."""
+        from ember.scheduler.indexing import body_exprs
+
+        exprs = [*self.ranges, *self.reduction_ranges]
+        for m in self.members:
+            exprs += [m.index, *body_exprs([m.body, *m.indirect])]
+        symbols = {
+            s for e in exprs for s in sympy.sympify(e).free_symbols if not _is_kernel_variable(s)
+        }
+        return tuple(sorted(symbols, key=lambda s: s.name))
+
     def member(self, name: str) -> KernelMember:
         for m in self.members:
             if m.name == name:
@@ -106,3 +127,9 @@ class FusedKernel:
         from ember.scheduler.printing import format_kernel
 
         return format_kernel(self)
+
+
+def _is_kernel_variable(symbol: sympy.Symbol) -> bool:
+    from ember.ir.symbolic import is_indirect_var, is_loop_var
+
+    return bool(is_loop_var(symbol) or is_indirect_var(symbol))
