@@ -123,6 +123,10 @@ class Fuser:
         self.sizes: dict[str, int] = {}
 
     def run(self) -> list[Group]:
+        for value in (*self.program.inputs, *self.program.constants):
+            layout = getattr(value, "layout", None)
+            if layout is not None:
+                self.sizes[value.name] = hint(layout.numel()) * layout.dtype.itemsize
         for position, node in enumerate(self.program.nodes):
             self.position_of[node.name] = position
             layout = getattr(node, "layout", None)
