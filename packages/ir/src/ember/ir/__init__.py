@@ -5,12 +5,33 @@ buffers and computations, verifies it, prints it, and runs it with the reference
 interpreter. Sits on ember.graphpasses; the scheduler consumes its Programs.
 """
 
+# The lowering modules register their entries in LOWERINGS when imported.
+from ember.ir import (  # noqa: F401
+    arith,
+    assemble,
+    factories,
+    indexing,
+    pointwise,
+    random,
+    reduction,
+    views,
+)
 from ember.ir.errors import LoweringError, VerificationError
+from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, loads, walk
 from ember.ir.interpreter import bind_symbols, run_program
 from ember.ir.layout import Layout
-from ember.ir.lowering import INTENTIONAL_EXTERNS, LOWERINGS, LoweringOptions, lower_graph
+from ember.ir.loops import REDUCTION_KINDS, Pointwise, Reduction, Scatter
+from ember.ir.lowering import (
+    INTENTIONAL_EXTERNS,
+    LOWERINGS,
+    LoweringOptions,
+    NotLowerable,
+    lower_graph,
+    register_lowering,
+)
 from ember.ir.nodes import (
     BufferRef,
+    ComputedBuffer,
     ComputeNode,
     ConstantBuffer,
     ExternKernel,
@@ -22,7 +43,8 @@ from ember.ir.nodes import (
     iter_exprs,
     iter_refs,
 )
-from ember.ir.printer import format_arg, format_program
+from ember.ir.ops import OP_NAMES, OpsHandler
+from ember.ir.printer import format_arg, format_body, format_program
 from ember.ir.program import Program
 from ember.ir.symbolic import as_expr, evaluate
 from ember.ir.verify import verify
@@ -30,28 +52,48 @@ from ember.ir.verify import verify
 __all__ = [
     "INTENTIONAL_EXTERNS",
     "LOWERINGS",
+    "OP_NAMES",
+    "REDUCTION_KINDS",
     "BufferRef",
+    "Cast",
     "ComputeNode",
+    "ComputedBuffer",
+    "Const",
     "ConstantBuffer",
     "ExternKernel",
     "IRNode",
+    "IndexExpr",
     "InputBuffer",
     "Layout",
+    "Load",
     "LoweringError",
     "LoweringOptions",
     "MultiOutput",
+    "Node",
+    "NotLowerable",
+    "Op",
     "OpaqueInput",
+    "OpsHandler",
+    "Pointwise",
     "Program",
+    "Rand",
+    "Reduction",
+    "Scatter",
     "SizeInput",
     "VerificationError",
+    "Where",
     "as_expr",
     "bind_symbols",
     "evaluate",
     "format_arg",
+    "format_body",
     "format_program",
     "iter_exprs",
     "iter_refs",
+    "loads",
     "lower_graph",
+    "register_lowering",
     "run_program",
     "verify",
+    "walk",
 ]

@@ -12,8 +12,10 @@ from typing import Any
 
 import sympy
 
+from ember.ir.evaluate import run_loop
 from ember.ir.nodes import (
     BufferRef,
+    ComputedBuffer,
     ExternKernel,
     InputBuffer,
     MultiOutput,
@@ -41,11 +43,19 @@ def bind_symbols(program: Program, args: Sequence[Any]) -> dict[sympy.Symbol, in
     return bindings
 
 
-def run_program(program: Program, args: Sequence[Any]) -> list[Any]:
-    """Execute `program` on concrete `args` (in the program's input order)."""
+def run_program(program: Program, args: Sequence[Any], *, seed: int | None = None) -> list[Any]:
+    """Execute `program` on concrete `args` (in the program's input order).
+
+    Inputs the program mutates (`ComputedBuffer.mutates`) are updated in place. `seed`
+    seeds the program's random ops (ember.ir.random); by default it is drawn from
+    torch's default generator, so `torch.manual_seed` makes runs repeatable."""
     env: dict[str, Any] = {node.name: arg for node, arg in zip(program.inputs, args, strict=True)}
     env.update({c.name: c.value for c in program.constants})
     bindings = bind_symbols(program, args)
+    if program.rng_seed is not None:
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, ()).item())
+        env[program.rng_seed] = torch.tensor(seed, dtype=torch.int64)
 
     def value(tree: Any) -> Any:
         if isinstance(tree, BufferRef):
@@ -66,4 +76,6 @@ def run_program(program: Program, args: Sequence[Any]) -> list[Any]:
             env[item.name] = result
         elif isinstance(item, MultiOutput):
             env[item.name] = env[item.source][item.index]
+        elif isinstance(item, ComputedBuffer):
+            env[item.name] = run_loop(item, env, bindings)
     return [value(out) for out in program.outputs]

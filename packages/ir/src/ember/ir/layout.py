@@ -37,6 +37,20 @@ class Layout:
             offset=as_expr(tensor.storage_offset()),
         )
 
+    @staticmethod
+    def contiguous(device: torch.device, dtype: torch.dtype, size: tuple[sympy.Expr, ...]) -> Layout:
+        """A dense row-major layout (what computed buffers use)."""
+        return Layout(device, dtype, size, contiguous_strides(size))
+
+    def storage_extent(self) -> sympy.Expr:
+        """One past the largest storage offset the layout addresses (0 when empty)."""
+        extent = self.offset + 1
+        for size, stride in zip(self.size, self.stride, strict=True):
+            extent = extent + (size - 1) * stride
+        if any(s == 0 for s in self.size):
+            return sympy.Integer(0)
+        return sympy.expand(extent)
+
     @property
     def ndim(self) -> int:
         return len(self.size)
@@ -57,3 +71,12 @@ class Layout:
         stride = ", ".join(str(s) for s in self.stride)
         offset = f", offset={self.offset}" if self.offset != 0 else ""
         return f"{dtype}[{size}] stride=({stride}){offset} {self.device}"
+
+
+def contiguous_strides(size: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+    strides: list[sympy.Expr] = []
+    running: sympy.Expr = sympy.Integer(1)
+    for s in reversed(size):
+        strides.append(running)
+        running = running * s
+    return tuple(reversed(strides))

@@ -9,6 +9,13 @@ fallback, logged once per op, so that every graph lowers. With fallback disabled
 (`LoweringOptions(allow_fallback=False)`; the runtime maps `EMBER_FALLBACK=0` to it)
 an op without a lowering is a `LoweringError` naming the op and the node.
 
+With `LoweringOptions(loops=True)` the ops that have an entry in `LOWERINGS` become
+loop-level IR instead: their values are `LazyTensor`s (ember.ir.tensor) that compose
+into explicit bodies, realized into `ComputedBuffer`s when a value is a graph output,
+feeds an extern, is the result of a reduction, is read by several users and is costly
+to recompute, or grows too big to inline. The lowerings live in files by concept
+(pointwise, reduction, views, indexing, factories, random, norms) and register here.
+
 Nodes whose value is a size (SymInt arithmetic, `aten.sym_size`) produce no code: their
 value is the sympy expression the graph's ShapeEnv already holds.
 """
@@ -27,9 +34,12 @@ import torch
 import torch.fx
 
 from ember.ir.errors import LoweringError
+from ember.ir.expr import Load
 from ember.ir.layout import Layout
+from ember.ir.loops import Loop, Pointwise
 from ember.ir.nodes import (
     BufferRef,
+    ComputedBuffer,
     ComputeNode,
     ConstantBuffer,
     ExternKernel,
@@ -40,7 +50,8 @@ from ember.ir.nodes import (
     SizeInput,
 )
 from ember.ir.program import Program
-from ember.ir.symbolic import as_expr
+from ember.ir.symbolic import as_expr, loop_vars, simplify_index
+from ember.ir.tensor import LazyTensor, broadcast_loader, buffer_loader, cast
 
 log = logging.getLogger("ember.ir")
 aten = torch.ops.aten
@@ -70,15 +81,44 @@ INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
 
 @dataclass(frozen=True)
 class LoweringOptions:
-    """Switches for lowering. `allow_fallback=False` turns fallbacks into errors."""
+    """Switches for lowering.
+
+    `allow_fallback=False` turns fallbacks into errors. `loops=True` lowers the ops in
+    `LOWERINGS` to loop nodes (the default keeps every op an `ExternKernel`, for layers
+    that cannot run loop nodes yet). A value read by several users is stored once its
+    body costs more than `realize_cost`; any body costing more than `max_inline_cost`
+    is stored, which bounds recomputation and body size.
+    """
 
     allow_fallback: bool = True
+    loops: bool = False
+    realize_cost: int = 8
+    max_inline_cost: int = 200
 
 
-# The lowering table: ATen overload -> function building IR for one node. Empty
-# entries mean "extern"; the loop-level lowerings register themselves here.
+class NotLowerable(Exception):
+    """Raised by a lowering that does not handle this node's arguments (a complex
+    dtype, a data-dependent shape...): the node becomes an extern instead."""
+
+
+# The lowering table: ATen overload -> function building IR for one node (used with
+# `loops=True`); an op without an entry is an extern call. Lowerings return a
+# LazyTensor, a BufferRef, a sympy expression, or a tuple of those.
 LoweringFn = Callable[["GraphLowering", torch.fx.Node], Any]
 LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
+
+
+def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[LoweringFn], LoweringFn]:
+    """Decorator: `fn` lowers each of `ops`."""
+
+    def register(fn: LoweringFn) -> LoweringFn:
+        for op in ops:
+            if op in LOWERINGS:
+                raise ValueError(f"{op} has two lowerings")
+            LOWERINGS[op] = fn
+        return fn
+
+    return register
 
 _fallbacks_logged: set[str] = set()
 
@@ -101,9 +141,16 @@ class GraphLowering:
         self.env: dict[torch.fx.Node, Any] = {}
         self._bound_symbols: set[sympy.Symbol] = set()
         self._counter = 0
+        # Layout of every named buffer, and for a mutated buffer the name of its
+        # newest version (see ComputedBuffer.mutates).
+        self.layouts: dict[str, Layout] = {}
+        self.versions: dict[str, str] = {}
+        self._rng_offset: sympy.Expr = sympy.Integer(0)
+        self.current_node: torch.fx.Node | None = None
 
     def run(self) -> Program:
         for node in self.gm.graph.nodes:
+            self.current_node = node
             handler = getattr(self, f"_lower_{node.op}")
             self.env[node] = handler(node)
         return self.program
@@ -116,6 +163,7 @@ class GraphLowering:
         entry: InputNode
         if isinstance(val, torch.Tensor):
             entry = InputBuffer(name, Layout.of(val))
+            self.layouts[name] = entry.layout
             self._bound_symbols |= entry.layout.free_symbols
             result: Any = BufferRef(name)
         elif isinstance(val, (*_SYM_TYPES, int, float, bool)):
@@ -136,6 +184,7 @@ class GraphLowering:
         # No tensor op here: lowering may run under AOTAutograd's active fake mode.
         const = ConstantBuffer(self._new_name("const"), value)
         self.program.constants.append(const)
+        self.layouts[const.name] = const.layout
         return BufferRef(const.name)
 
     def _lower_call_function(self, node: torch.fx.Node) -> Any:
@@ -167,9 +216,14 @@ class GraphLowering:
                 str(node.target),
                 "node has no meta['val']; run FakeTensorProp or trace with make_fx first",
             )
-        lowering = LOWERINGS.get(node.target)
-        if lowering is not None:
-            return lowering(self, node)
+        declined = ""
+        if self.options.loops:
+            lowering = LOWERINGS.get(node.target) or _inplace_lowering(node.target)
+            if lowering is not None and not _has_complex(node):
+                try:
+                    return self._maybe_realize(node, lowering(self, node))
+                except NotLowerable as why:
+                    declined = f" (its lowering declined: {why})"
         intentional = node.target.overloadpacket in INTENTIONAL_EXTERNS
         if not intentional:
             op_name = str(node.target)
@@ -177,8 +231,9 @@ class GraphLowering:
                 raise LoweringError(
                     node.name,
                     op_name,
-                    "no lowering for this op and fallbacks are disabled (EMBER_FALLBACK=0); "
-                    "enable fallbacks or add a lowering to ember.ir.lowering.LOWERINGS",
+                    f"no lowering for this op{declined} and fallbacks are disabled "
+                    "(EMBER_FALLBACK=0); enable fallbacks or add a lowering to "
+                    "ember.ir.lowering.LOWERINGS",
                 )
             self.program.fallback_ops.add(op_name)
             if op_name not in _fallbacks_logged:
@@ -199,7 +254,7 @@ class GraphLowering:
     def _lower_output(self, node: torch.fx.Node) -> Any:
         (results,) = node.args
         flat = results if isinstance(results, (list, tuple)) else [results]
-        self.program.outputs = [self._convert(r) for r in flat]
+        self.program.outputs = [self._convert(r, copy_inputs=True) for r in flat]
         return None
 
     # -- helpers --------------------------------------------------------------------
@@ -210,7 +265,7 @@ class GraphLowering:
         index = node.args[1]
         parent = self.env[source]
         if isinstance(parent, (tuple, list)):
-            return parent[index]  # type: ignore[index]  # index is an int from the graph
+            return self._maybe_realize(node, parent[index])  # type: ignore[index]  # index is an int from the graph
         if not isinstance(parent, BufferRef):
             raise LoweringError(node.name, "getitem", f"cannot index {type(parent).__name__}")
         val = node.meta.get("val")
@@ -219,12 +274,16 @@ class GraphLowering:
             raise LoweringError(node.name, "getitem", f"index {index!r} is not an int")
         out = MultiOutput(self._new_name("buf"), parent.name, index, layout)
         self.program.nodes.append(out)
+        if layout is not None:
+            self.layouts[out.name] = layout
         return BufferRef(out.name)
 
     def _extern(
         self, node: torch.fx.Node, *, symbol: sympy.Symbol | None = None, fallback: bool = False
     ) -> Any:
         assert isinstance(node.target, torch._ops.OpOverload)
+        if self.options.loops:
+            self._check_extern_mutation(node)
         val = node.meta.get("val")
         multi = isinstance(val, (tuple, list))
         vals = list(val) if multi else [val]  # type: ignore[arg-type]  # checked just above
@@ -241,6 +300,9 @@ class GraphLowering:
             fallback=fallback,
         )
         self.add(kernel)
+        for layout in outputs if not multi else ():
+            if layout is not None:
+                self.layouts[kernel.name] = layout
         if symbol is not None:
             self._bound_symbols.add(symbol)
             return symbol
@@ -249,14 +311,14 @@ class GraphLowering:
     def add(self, node: ComputeNode) -> None:
         self.program.nodes.append(node)
 
-    def _convert(self, arg: Any) -> Any:
-        """An FX argument as an IR argument tree."""
+    def _convert(self, arg: Any, *, copy_inputs: bool = False) -> Any:
+        """An FX argument as an IR argument tree (lazy tensors realized)."""
         if isinstance(arg, torch.fx.Node):
-            return self.env[arg]
+            return self._realize_tree(self.env[arg], copy_inputs)
         if isinstance(arg, (list, tuple)):
-            return tuple(self._convert(a) for a in arg)
+            return tuple(self._convert(a, copy_inputs=copy_inputs) for a in arg)
         if isinstance(arg, dict):
-            return {k: self._convert(v) for k, v in arg.items()}
+            return {k: self._convert(v, copy_inputs=copy_inputs) for k, v in arg.items()}
         if isinstance(arg, _SYM_TYPES):
             return as_expr(arg)
         return arg
@@ -265,6 +327,192 @@ class GraphLowering:
         name = f"{prefix}{self._counter}"
         self._counter += 1
         return name
+
+
+    # -- loop mode: values, realization, mutation -------------------------------
+
+    def tensor(self, arg: Any) -> LazyTensor:
+        """The tensor value of an FX argument as a LazyTensor (buffers read through
+        their layout). Raises NotLowerable for anything that is not a tensor."""
+        value = self.env[arg] if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(value, LazyTensor):
+            if value.realized is None:
+                return value
+            value = value.realized
+        if isinstance(value, BufferRef):
+            name = self.current(value).name
+            layout = self.layouts.get(name)
+            if layout is None:
+                raise NotLowerable(f"{name} is not a tensor buffer")
+            return LazyTensor(layout.device, layout.dtype, layout.size, buffer_loader(name, layout))
+        raise NotLowerable(f"expected a tensor, got {type(value).__name__}")
+
+    def current(self, ref: BufferRef) -> BufferRef:
+        name = ref.name
+        while name in self.versions:
+            name = self.versions[name]
+        return ref if name == ref.name else BufferRef(name)
+
+    def realize(self, value: Any, *, copy_inputs: bool = False) -> BufferRef:
+        """Store a LazyTensor in a ComputedBuffer (a BufferRef is returned as is).
+
+        A value that is a plain read of a whole buffer is that buffer, unless
+        `copy_inputs` asks for a fresh one (graph outputs must not alias inputs the
+        graph does not return as such)."""
+        if isinstance(value, BufferRef):
+            return self.current(value)
+        if not isinstance(value, LazyTensor):
+            raise NotLowerable(f"cannot realize {type(value).__name__}")
+        if value.realized is not None:
+            return value.realized
+        body = value.body()
+        if isinstance(body, Load) and body.mask is None and not body.indirect:
+            layout = self.layouts.get(body.buffer)
+            same = (
+                layout is not None
+                and layout.size == value.size
+                and layout.dtype == value.dtype
+                and body.index == buffer_loader(body.buffer, layout)(loop_vars(value.ndim)).index  # type: ignore[attr-defined]  # buffer loaders build Loads
+            )
+            is_input = any(n.name == body.buffer for n in self.program.inputs)
+            if same and not (copy_inputs and is_input):
+                value.realized = BufferRef(body.buffer)
+                return value.realized
+        layout = Layout.contiguous(value.device, value.dtype, value.size)
+        value.realized = self.store(Pointwise(value.size, body), layout)
+        return value.realized
+
+    def store(self, loop: Loop, layout: Layout, *, mutates: str | None = None) -> BufferRef:
+        """Add a ComputedBuffer for `loop` and return a reference to it."""
+        name = self._new_name("buf")
+        origin = self.current_node.name if self.current_node is not None else ""
+        self.add(ComputedBuffer(name, layout, loop, mutates, origin))
+        self.layouts[name] = layout
+        if mutates is not None:
+            self.versions[mutates] = name
+        return BufferRef(name)
+
+    def mutate(self, target: Any, value: LazyTensor) -> BufferRef:
+        """Write `value` (broadcast and cast) into the buffer behind the FX argument
+        `target`, in place: AOTAutograd's copy_ epilogues and in-place ops."""
+        ref = self.env[target] if isinstance(target, torch.fx.Node) else target
+        if isinstance(ref, LazyTensor) and ref.realized is not None:
+            ref = ref.realized
+        if not isinstance(ref, BufferRef):
+            raise LoweringError(
+                getattr(self.current_node, "name", "?"),
+                "in-place write",
+                "the destination is a view or an unstored intermediate; functionalize the "
+                "graph first (AOTAutograd and torch.export do)",
+            )
+        ref = self.current(ref)
+        layout = self.layouts[ref.name]
+        load = broadcast_loader(value, layout.size)
+        body = cast(load(loop_vars(layout.ndim)), layout.dtype)
+        return self.store(Pointwise(layout.size, body), layout, mutates=ref.name)
+
+    def seed_buffer(self) -> str:
+        """The name of the program's random seed (created on first use)."""
+        if self.program.rng_seed is None:
+            self.program.rng_seed = "rng_seed"
+            self.layouts["rng_seed"] = Layout(torch.device("cpu"), torch.int64, (), ())
+        return self.program.rng_seed
+
+    def rng_offset(self, count: sympy.Expr) -> sympy.Expr:
+        """Reserve `count` numbers of the program's random stream; return the first."""
+        start = self._rng_offset
+        self._rng_offset = simplify_index(start + count)
+        return start
+
+    def _maybe_realize(self, node: torch.fx.Node, result: Any) -> Any:
+        if isinstance(result, tuple):
+            return tuple(self._maybe_realize(node, r) for r in result)
+        if not isinstance(result, LazyTensor) or result.realized is not None:
+            return result
+        cost = result.cost()
+        if cost > self.options.max_inline_cost or (
+            len(node.users) > 1 and cost > self.options.realize_cost
+        ):
+            self.realize(result)
+        return result
+
+    def _realize_tree(self, value: Any, copy_inputs: bool) -> Any:
+        if isinstance(value, LazyTensor):
+            return self.realize(value, copy_inputs=copy_inputs)
+        if isinstance(value, BufferRef):
+            return self.current(value)
+        if isinstance(value, tuple):
+            return tuple(self._realize_tree(v, copy_inputs) for v in value)
+        return value
+
+    def _check_extern_mutation(self, node: torch.fx.Node) -> None:
+        """An extern that writes an argument must get the real buffer, not a copy."""
+        assert isinstance(node.target, torch._ops.OpOverload)
+        for arg, value in zip(node.target._schema.arguments, node.args, strict=False):
+            info = arg.alias_info
+            if info is not None and info.is_write and isinstance(value, torch.fx.Node):
+                if not isinstance(self.env[value], BufferRef):
+                    raise LoweringError(
+                        node.name,
+                        str(node.target),
+                        "the op writes an argument that is a view or an unstored value; "
+                        "functionalize the graph first (AOTAutograd and torch.export do)",
+                    )
+
+    def args(self, node: torch.fx.Node) -> dict[str, Any]:
+        """The node's arguments by schema name, defaults filled in."""
+        assert isinstance(node.target, torch._ops.OpOverload)
+        bound: dict[str, Any] = {}
+        for i, arg in enumerate(node.target._schema.arguments):
+            if i < len(node.args) and not arg.kwarg_only:
+                bound[arg.name] = node.args[i]
+            elif arg.name in node.kwargs:
+                bound[arg.name] = node.kwargs[arg.name]
+            else:
+                bound[arg.name] = arg.default_value if arg.has_default_value() else None
+        return bound
+
+    def out_val(self, node: torch.fx.Node) -> torch.Tensor:
+        val = node.meta["val"]
+        if not isinstance(val, torch.Tensor):
+            raise NotLowerable("the result is not a single tensor")
+        return val
+
+    def out_size(self, node: torch.fx.Node) -> tuple[sympy.Expr, ...]:
+        return tuple(as_expr(s) for s in self.out_val(node).shape)
+
+
+def _inplace_lowering(op: torch._ops.OpOverload) -> LoweringFn | None:
+    """`x.op_(...)` as the lowering of `op` followed by a write into x."""
+    name = op._schema.name.split("::")[-1]
+    args = op._schema.arguments
+    if not name.endswith("_") or not args or args[0].alias_info is None:
+        return None
+    if not args[0].alias_info.is_write:
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    functional = getattr(packet, op._overloadname, None) if packet is not None else None
+    lowering = LOWERINGS.get(functional) if functional is not None else None
+    if lowering is None:
+        return None
+    fn = lowering
+
+    def lower_inplace(lowering_: GraphLowering, node: torch.fx.Node) -> Any:
+        result = fn(lowering_, node)
+        if not isinstance(result, LazyTensor):
+            raise NotLowerable("in-place variant of a multi-output op")
+        return lowering_.mutate(node.args[0], result)
+
+    return lower_inplace
+
+
+def _has_complex(node: torch.fx.Node) -> bool:
+    vals = [node.meta.get("val")]
+    vals += [a.meta.get("val") for a in node.all_input_nodes]
+    flat: list[Any] = []
+    for v in vals:
+        flat.extend(v if isinstance(v, (tuple, list)) else [v])
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in flat)
 
 
 _MISSING = object()

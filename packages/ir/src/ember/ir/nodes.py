@@ -20,7 +20,9 @@ from typing import Any
 import sympy
 import torch
 
+from ember.ir.expr import Load, Rand, walk
 from ember.ir.layout import Layout
+from ember.ir.loops import Loop, Scatter, loop_bodies
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,44 @@ class MultiOutput:
         yield self.source
 
 
+@dataclass(frozen=True)
+class ComputedBuffer:
+    """A realized buffer: the result of a loop node, stored with `layout`.
+
+    `mutates` names an existing buffer (a graph input for AOTAutograd's `copy_`
+    epilogues, or a computed buffer for scatter) whose storage this node writes: the
+    node's own name then is a new name for that same storage, holding the updated
+    values, and later readers read through the new name. Buffers are otherwise
+    written once.
+    """
+
+    name: str
+    layout: Layout
+    loop: Loop
+    mutates: str | None = None
+    origin: str = ""
+
+    def reads(self) -> Iterator[str]:
+        seen: set[str] = set()
+        if self.mutates is not None:
+            seen.add(self.mutates)
+            yield self.mutates
+        for root in loop_bodies(self.loop):
+            for node in walk(root):
+                name = (
+                    node.buffer if isinstance(node, Load) else node.seed if isinstance(node, Rand) else None
+                )
+                if name is not None and name not in seen:
+                    seen.add(name)
+                    yield name
+
+    @property
+    def is_scatter(self) -> bool:
+        return isinstance(self.loop, Scatter)
+
+
 InputNode = InputBuffer | SizeInput | OpaqueInput
-ComputeNode = ExternKernel | MultiOutput
+ComputeNode = ExternKernel | MultiOutput | ComputedBuffer
 IRNode = InputNode | ConstantBuffer | ComputeNode
 
 

@@ -33,6 +33,9 @@ class Program:
     nodes: list[ComputeNode]
     outputs: list[Any]
     fallback_ops: set[str] = field(default_factory=set)
+    # Name of the int64 scalar that seeds the program's random ops (ember.ir.random);
+    # the caller supplies it at run time. None when the program draws no random numbers.
+    rng_seed: str | None = None
 
     def size_symbols(self) -> set[sympy.Symbol]:
         """The symbols the program's sizes are expressed in."""

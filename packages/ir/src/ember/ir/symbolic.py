@@ -8,7 +8,8 @@ specialises on it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import sympy
@@ -53,3 +54,69 @@ def evaluate(expr: sympy.Expr, bindings: Mapping[sympy.Symbol, int]) -> int | fl
     if value.is_Integer or value.is_integer:
         return int(value)
     return float(value)
+
+
+# -- index math -------------------------------------------------------------------------
+#
+# Loop variables are integer symbols with fixed names: `i0, i1, ...` for the ranges of a
+# loop node, `r0, r1, ...` for the reduction ranges, `ind0, ind1, ...` for the values of
+# an indirect load or store (see ember.ir.expr.Load). Size symbols come from the graph's
+# ShapeEnv (`s0, s1, ...`, `u0` for unbacked ones). Floor division and modulo use torch's
+# own sympy functions (`FloorDiv`, `ModularIndexing`), the ones ShapeEnv expressions
+# already contain, so one evaluator and one printer cover both.
+
+
+@functools.cache
+def index_var(prefix: str, position: int) -> sympy.Symbol:
+    """The loop variable `{prefix}{position}` (nonnegative integer)."""
+    return sympy.Symbol(f"{prefix}{position}", integer=True, nonnegative=True)
+
+
+def loop_vars(count: int, prefix: str = "i") -> tuple[sympy.Symbol, ...]:
+    return tuple(index_var(prefix, d) for d in range(count))
+
+
+def indirect_var(position: int) -> sympy.Symbol:
+    """The symbol standing for the value of an indirect index (may be any integer)."""
+    return _indirect_var(position)
+
+
+@functools.cache
+def _indirect_var(position: int) -> sympy.Symbol:
+    return sympy.Symbol(f"ind{position}", integer=True)
+
+
+def is_loop_var(symbol: sympy.Basic) -> bool:
+    return isinstance(symbol, sympy.Symbol) and symbol.name[:1] in ("i", "r") and (
+        symbol.name[1:].isdigit()
+    )
+
+
+def is_indirect_var(symbol: sympy.Basic) -> bool:
+    return isinstance(symbol, sympy.Symbol) and symbol.name.startswith("ind")
+
+
+def product(values: Iterable[sympy.Expr]) -> sympy.Expr:
+    result: sympy.Expr = sympy.Integer(1)
+    for v in values:
+        result = result * v
+    return result
+
+
+def static_int(expr: sympy.Expr) -> int | None:
+    """The value of a size expression when it has no symbols, else None."""
+    return int(expr) if isinstance(expr, sympy.Integer) else None
+
+
+@functools.lru_cache(maxsize=65536)
+def simplify_index(expr: sympy.Expr) -> sympy.Expr:
+    """A cheap, cached canonical form for index expressions.
+
+    `sympy.simplify` costs milliseconds per call; lowering a model makes thousands of
+    index expressions, most of them affine. Expanding products of sums is all the
+    rewriting that affine indexing needs; FloorDiv/ModularIndexing simplify themselves
+    on construction.
+    """
+    if expr.is_Atom:
+        return expr
+    return sympy.expand(expr)

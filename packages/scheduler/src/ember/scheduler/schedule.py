@@ -1,16 +1,19 @@
-"""The Schedule: what the runtime executes, in order, and when memory is freed.
+"""The Schedule: what the runtime executes, in order, and when memory is allocated,
+reused and freed.
 
-A schedule is a list of steps over one IR `Program`. Each step is a `FusedKernel`
-(one generated kernel computing one or more IR nodes) or an `ExternCall` (one ATen
-call), plus a `MemoryPlan` saying after which step each value is dead. It is plain
-data: printable, comparable in tests, and independent of any codegen.
+A schedule is a list of steps over one IR `Program`: `KernelStep`s (one generated
+kernel, a `FusedKernel`), `ExternCall`s (one ATen call) and `SelectOutput`s (one
+result of a multi-output call), plus a `MemoryPlan`. It is plain data: printable,
+comparable in tests, independent of any codegen.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ember.ir import ExternKernel, MultiOutput, Program, format_program
+from ember.ir import ExternKernel, Layout, MultiOutput, Program
+from ember.scheduler.kernel import FusedKernel
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,12 @@ class ExternCall:
         """False for pure views, which only make an alias and run no device code."""
         return not self.node.is_view
 
+    def reads(self) -> Iterator[str]:
+        return self.node.reads()
+
+    def writes(self) -> tuple[str, ...]:
+        return (self.node.name,)
+
 
 @dataclass(frozen=True)
 class SelectOutput:
@@ -43,23 +52,69 @@ class SelectOutput:
     def launches_kernel(self) -> bool:
         return False
 
+    def reads(self) -> Iterator[str]:
+        return self.node.reads()
 
-Step = ExternCall | SelectOutput
+    def writes(self) -> tuple[str, ...]:
+        return (self.node.name,)
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    """One launch of a generated kernel."""
+
+    kernel: FusedKernel
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+    @property
+    def launches_kernel(self) -> bool:
+        return True
+
+    def reads(self) -> Iterator[str]:
+        yield from self.kernel.inputs
+        for m in self.kernel.members:
+            if m.mutates is not None:
+                yield m.mutates
+
+    def writes(self) -> tuple[str, ...]:
+        return self.kernel.outputs
+
+
+Step = ExternCall | SelectOutput | KernelStep
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A buffer a kernel writes: fresh (`reuse` None) or in the storage of `reuse`, a
+    dead buffer of the same layout (`inplace`: one the same kernel reads, element by
+    element at the same point)."""
+
+    name: str
+    layout: Layout
+    reuse: str | None = None
+    inplace: bool = False
 
 
 @dataclass
 class MemoryPlan:
-    """When each value dies.
+    """When each value is made and when it dies.
 
-    `frees_after[i]` lists the names that no step after step `i` reads and that are
-    not outputs: the runtime drops them right after step `i`. `frees_at_entry` lists
-    graph inputs that nothing reads at all. Graph inputs are included when the caller
-    hands ownership over (AOTAutograd's boxed calling convention), so activations
-    saved for backward are freed as soon as backward is done with them.
+    `allocations[i]`: buffers to create before step `i` (kernel outputs; mutations
+    write into their target instead). `frees_after[i]`: names no later step reads, not
+    outputs, dropped after step `i` (a name whose storage is reused later is handed
+    over instead of freed). `frees_at_entry`: graph inputs nothing reads. Graph inputs
+    are included: the wrapper owns them (AOTAutograd's boxed calling convention).
+    `peak_bytes`: planned peak of memory the schedule allocates (kernel and extern
+    outputs; inputs excluded), with size symbols counted as 64.
     """
 
+    allocations: list[list[Allocation]] = field(default_factory=list)
     frees_after: list[list[str]] = field(default_factory=list)
     frees_at_entry: list[str] = field(default_factory=list)
+    peak_bytes: int = 0
 
 
 @dataclass
@@ -73,12 +128,11 @@ class Schedule:
         """Steps that launch device code (fused kernels and non-view extern calls)."""
         return sum(1 for s in self.steps if s.launches_kernel)
 
+    @property
+    def kernels(self) -> list[FusedKernel]:
+        return [s.kernel for s in self.steps if isinstance(s, KernelStep)]
+
     def format(self) -> str:
-        lines = [format_program(self.program), "", f"schedule {self.program.name}:"]
-        if self.memory.frees_at_entry:
-            lines.append(f"  free at entry: {', '.join(self.memory.frees_at_entry)}")
-        for step, frees in zip(self.steps, self.memory.frees_after, strict=True):
-            kind = "extern" if isinstance(step, ExternCall) else "select"
-            free = f"   free {', '.join(frees)}" if frees else ""
-            lines.append(f"  {kind:<7}{step.name}{free}")
-        return "\n".join(lines)
+        from ember.scheduler.printing import format_schedule
+
+        return format_schedule(self)

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
-from ember.ir import ExternKernel, MultiOutput, Program
+from ember.ir import ComputedBuffer, ExternKernel, MultiOutput, Program
+from ember.scheduler.build import build_kernels
+from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
+from ember.scheduler.fusion import Fuser
 from ember.scheduler.memory import plan_memory
-from ember.scheduler.schedule import ExternCall, Schedule, SelectOutput, Step
+from ember.scheduler.schedule import ExternCall, KernelStep, Schedule, SelectOutput, Step
 
 
-def schedule_program(program: Program) -> Schedule:
-    """Order the program's computations into steps and plan their memory.
+def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES) -> Schedule:
+    """Fuse the program's loop nodes into kernels, order the steps, plan memory.
 
-    Every IR node is its own step in program order for now; fusion groups loop nodes
-    into `FusedKernel`s once the IR has them.
+    Steps run in program order, each kernel at the place of its first member (fusion
+    only ever moves a node up to a group whose inputs are all ready by then).
     """
+    groups = Fuser(program, choices).run()
+    kernels = build_kernels(program, groups)
     steps: list[Step] = []
-    for node in program.nodes:
+    for position, node in enumerate(program.nodes):
         if isinstance(node, ExternKernel):
             steps.append(ExternCall(node))
         elif isinstance(node, MultiOutput):
             steps.append(SelectOutput(node))
-        else:  # pragma: no cover - the IR has no other compute node yet
+        elif isinstance(node, ComputedBuffer):
+            kernel = kernels.get(position)
+            if kernel is not None:
+                steps.append(KernelStep(kernel))
+        else:  # pragma: no cover - the IR has no other compute node
             raise TypeError(f"cannot schedule {type(node).__name__} {node.name!r}")
     return Schedule(program, steps, plan_memory(program, steps))

@@ -1,0 +1,300 @@
+"""Fusion: group the program's loop nodes into kernels, greedily and deterministically.
+
+The algorithm walks the program once, in order. Each computed buffer joins the
+existing group where fusing it saves the most bytes (ties: the earliest group), or
+starts a new group. Joining group G is legal when
+
+1. everything the node reads is computed inside G or before G starts, and no
+   mutation lies between G's start and the node (the node moves up to G's place);
+2. the iteration spaces line up: same ranges (pointwise with pointwise), a pointwise
+   node over `outer ++ inner` or over `outer` of a reduction group (epilogue), a
+   reduction over `outer x inner` of a pointwise group (prologue), or another
+   reduction over the same `outer x inner`;
+3. every load of a member of G reads exactly the element G computes at the same point
+   (no mask, no indirection): a pointwise member is then inlined into the reader, a
+   reduction member is read as the kernel-local value;
+4. inlining copies no body heavier than `DeviceChoices.max_inline_ops`.
+
+Scatters and mutations of inputs stay alone; extern calls are never fused and nothing
+is fused across them when they read what a node of the group computes.
+
+Score: the bytes that fusing keeps out of memory, counted with all size symbols at 64
+(only the order of candidates matters). Vertical fusion saves the producer's reads;
+horizontal fusion (siblings sharing an input, same iteration space) saves one read of
+the shared input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from ember.ir import ComputedBuffer, ExternKernel, Load, MultiOutput, Node, Op, Program, walk
+from ember.ir.expr import map_dag, replace_index
+from ember.ir.loops import Pointwise, Reduction, Scatter
+from ember.ir.symbolic import index_var
+from ember.scheduler.choices import DeviceChoices
+from ember.scheduler.indexing import store_index
+from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER
+
+
+@dataclass
+class Member:
+    """A computed buffer placed in a group, its body and index in the group's variables."""
+
+    buffer: ComputedBuffer
+    kind: str
+    body: Node
+    index: sympy.Expr
+    over_reduction: bool
+
+
+@dataclass
+class Group:
+    position: int  # index in program.nodes of the first member: where the kernel runs
+    ranges: tuple[sympy.Expr, ...]
+    reduction_ranges: tuple[sympy.Expr, ...]
+    members: list[Member] = field(default_factory=list)
+    closed: bool = False  # scatters and mutations take no company
+
+    def names(self) -> set[str]:
+        return {m.buffer.name for m in self.members}
+
+    def member(self, name: str) -> Member | None:
+        for m in self.members:
+            if m.buffer.name == name:
+                return m
+        return None
+
+    def loads(self) -> set[str]:
+        return {n.buffer for m in self.members for n in walk(m.body) if isinstance(n, Load)}
+
+
+def hint(expr: sympy.Expr) -> int:
+    """A number for comparing sizes: every size symbol counted as 64."""
+    if expr.is_number:
+        return int(expr)
+    return int(expr.xreplace({s: sympy.Integer(64) for s in expr.free_symbols}))
+
+
+def body_cost(body: Node) -> int:
+    return sum(1 for n in walk(body) if isinstance(n, Op))
+
+
+def _kind(buffer: ComputedBuffer) -> str:
+    if isinstance(buffer.loop, Scatter):
+        return SCATTER
+    return REDUCTION if isinstance(buffer.loop, Reduction) else POINTWISE
+
+
+def _var_map(
+    buffer: ComputedBuffer, ranges: tuple[sympy.Expr, ...], reduction_ranges: tuple[sympy.Expr, ...]
+) -> tuple[dict[sympy.Symbol, sympy.Expr], bool] | None:
+    """How `buffer`'s loop variables become the group's: (mapping, over_reduction)."""
+    loop = buffer.loop
+    if isinstance(loop, Reduction):
+        if loop.ranges == ranges and loop.reduction_ranges == reduction_ranges:
+            return {}, False
+        return None
+    if not isinstance(loop, Pointwise):
+        return None
+    if loop.ranges == ranges:
+        return {}, False
+    if reduction_ranges and loop.ranges == (*ranges, *reduction_ranges):
+        outer = len(ranges)
+        mapping = {
+            index_var("i", outer + j): index_var("r", j) for j in range(len(reduction_ranges))
+        }
+        return mapping, True
+    return None
+
+
+class Fuser:
+    """Builds the groups for one program."""
+
+    def __init__(self, program: Program, choices: DeviceChoices) -> None:
+        self.program = program
+        self.choices = choices
+        self.groups: list[Group] = []
+        self.group_of: dict[str, Group] = {}
+        self.position_of: dict[str, int] = {}
+        self.barriers: list[int] = []  # positions of steps nothing may move across
+        self.sizes: dict[str, int] = {}
+
+    def run(self) -> list[Group]:
+        for value in (*self.program.inputs, *self.program.constants):
+            layout = getattr(value, "layout", None)
+            if layout is not None:
+                self.sizes[value.name] = hint(layout.numel()) * layout.dtype.itemsize
+        for position, node in enumerate(self.program.nodes):
+            self.position_of[node.name] = position
+            layout = getattr(node, "layout", None)
+            if layout is not None:
+                self.sizes[node.name] = hint(layout.numel()) * layout.dtype.itemsize
+            if isinstance(node, ComputedBuffer):
+                self._place(node, position)
+            elif isinstance(node, ExternKernel) and _mutates(node):
+                self.barriers.append(position)
+            elif not isinstance(node, (ExternKernel, MultiOutput)):  # pragma: no cover
+                raise TypeError(f"cannot schedule {type(node).__name__}")
+        return self.groups
+
+    def _place(self, buffer: ComputedBuffer, position: int) -> None:
+        kind = _kind(buffer)
+        if kind == SCATTER or buffer.mutates is not None:
+            self._new_group(buffer, position, closed=True)
+            self.barriers.append(position)
+            return
+        best: tuple[int, int, Group, Member] | None = None
+        for order, group in enumerate(self.groups):
+            candidate = self._try(group, buffer)
+            if candidate is None:
+                continue
+            member, score = candidate
+            if score > 0 and (best is None or score > best[0]):
+                best = (score, -order, group, member)
+        if best is None:
+            self._new_group(buffer, position)
+            return
+        _, _, group, member = best
+        if member.kind == REDUCTION and not group.reduction_ranges:
+            self._widen(group, buffer)
+            member = self._try(group, buffer)[0]  # type: ignore[index]  # legal by construction
+        group.members.append(member)
+        self.group_of[buffer.name] = group
+
+    def _new_group(self, buffer: ComputedBuffer, position: int, *, closed: bool = False) -> None:
+        loop = buffer.loop
+        reduction_ranges = loop.reduction_ranges if isinstance(loop, Reduction) else ()
+        group = Group(position, loop.ranges, reduction_ranges, closed=closed)
+        group.members.append(Member(buffer, _kind(buffer), loop.body, store_index(buffer), False))
+        self.groups.append(group)
+        self.group_of[buffer.name] = group
+
+    def _widen(self, group: Group, reduction: ComputedBuffer) -> None:
+        """Turn a pointwise group into the prologue of `reduction`'s kernel."""
+        loop = reduction.loop
+        assert isinstance(loop, Reduction)
+        outer = len(loop.ranges)
+        mapping = {
+            index_var("i", outer + j): index_var("r", j) for j in range(len(loop.reduction_ranges))
+        }
+        group.ranges, group.reduction_ranges = loop.ranges, loop.reduction_ranges
+        for m in group.members:
+            m.body = replace_index(m.body, mapping)
+            m.index = sympy.expand(m.index.xreplace(mapping))
+            m.over_reduction = True
+
+    def _try(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | None:
+        if group.closed or len(group.members) >= self.choices.max_members:
+            return None
+        if group.members[0].buffer.layout.device != buffer.layout.device:
+            return None
+        kind = _kind(buffer)
+        ranges, reduction_ranges = group.ranges, group.reduction_ranges
+        loop = buffer.loop
+        if kind == REDUCTION and not reduction_ranges:
+            assert isinstance(loop, Reduction)
+            if group.ranges != (*loop.ranges, *loop.reduction_ranges):
+                return None
+            ranges, reduction_ranges = loop.ranges, loop.reduction_ranges
+            widened = True
+        else:
+            widened = False
+        placed = _var_map(buffer, ranges, reduction_ranges)
+        if placed is None:
+            return None
+        mapping, over_reduction = placed
+        if not self._dependencies_allow(group, buffer):
+            return None
+        members = self._members_as_placed(group, ranges, reduction_ranges, widened)
+        body = replace_index(loop.body, mapping) if mapping else loop.body
+        inlined = self._inline(body, members, over_reduction or kind == REDUCTION)
+        if inlined is None:
+            return None
+        index = sympy.expand(store_index(buffer).xreplace(mapping))
+        member = Member(buffer, kind, inlined, index, over_reduction)
+        return member, self._score(group, buffer)
+
+    def _members_as_placed(
+        self,
+        group: Group,
+        ranges: tuple[sympy.Expr, ...],
+        reduction_ranges: tuple[sympy.Expr, ...],
+        widened: bool,
+    ) -> dict[str, Member]:
+        if not widened:
+            return {m.buffer.name: m for m in group.members}
+        outer = len(ranges)
+        mapping = {
+            index_var("i", outer + j): index_var("r", j) for j in range(len(reduction_ranges))
+        }
+        return {
+            m.buffer.name: Member(
+                m.buffer,
+                m.kind,
+                replace_index(m.body, mapping),
+                sympy.expand(m.index.xreplace(mapping)),
+                True,
+            )
+            for m in group.members
+        }
+
+    def _inline(self, body: Node, members: dict[str, Member], sees_inner: bool) -> Node | None:
+        """`body` with loads of the group's pointwise members replaced by their bodies;
+        None when some load of a member does not read the element of the same point."""
+        failed = False
+
+        def rewrite(node: Node) -> Node:
+            nonlocal failed
+            if not isinstance(node, Load) or node.buffer not in members:
+                return node
+            member = members[node.buffer]
+            if node.mask is not None or node.indirect or sympy.expand(node.index) != member.index:
+                failed = True
+                return node
+            if member.kind == REDUCTION:
+                return node  # the kernel-local value of that reduction
+            if member.over_reduction and not sees_inner:
+                failed = True  # an outer-only reader cannot see a value per inner point
+                return node
+            if body_cost(member.body) > self.choices.max_inline_ops:
+                failed = True
+                return node
+            return member.body
+
+        result = map_dag(body, rewrite)
+        return None if failed else result
+
+    def _dependencies_allow(self, group: Group, buffer: ComputedBuffer) -> bool:
+        if any(b > group.position for b in self.barriers):
+            return False
+        members = group.names()
+        for name in buffer.reads():
+            if name in members:
+                continue
+            producer_group = self.group_of.get(name)
+            if producer_group is not None and producer_group is not group:
+                if producer_group.position >= group.position:
+                    return False
+                continue
+            position = self.position_of.get(name)
+            if position is not None and position > group.position:
+                return False  # an extern (or its output) computed after the group starts
+        return True
+
+    def _score(self, group: Group, buffer: ComputedBuffer) -> int:
+        members, shared = group.names(), group.loads()
+        saved = 0
+        for name in set(buffer.reads()):
+            if name in members:
+                saved += 2 * self.sizes.get(name, 0)
+            elif name in shared and self.choices.horizontal:
+                saved += self.sizes.get(name, 0)
+        return saved
+
+
+def _mutates(node: ExternKernel) -> bool:
+    schema = node.op._schema
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)

@@ -1,0 +1,135 @@
+"""Fusion decisions on real graphs: how many kernels, which nodes share one, what
+each kernel stores and reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ember.ir import ComputedBuffer, ExternKernel, Program
+from ember.scheduler import Schedule, kernel_bytes, unfused_bytes
+
+
+def test_softmax_is_one_kernel_reading_its_input_once(
+    lower: Callable[..., Program], schedule: Callable[..., Schedule]
+) -> None:
+    x = torch.randn(16, 64)
+    program = lower(lambda t: torch.softmax(t, -1), x)
+    sched = schedule(lambda t: torch.softmax(t, -1), x)
+    (kernel,) = sched.kernels
+    kinds = [(m.kind, m.reduction, m.stored) for m in kernel.members]
+    assert kinds == [
+        ("reduction", "max", False),
+        ("reduction", "sum", False),
+        ("pointwise", None, True),
+    ]
+    assert kernel.inputs == ("t_1",) or len(kernel.inputs) == 1
+    assert kernel_bytes(kernel, program) == 2 * x.numel() * 4  # one read, one write
+    assert unfused_bytes(program) > kernel_bytes(kernel, program)
+
+
+def test_layer_norm_written_out_is_one_kernel(schedule: Callable[..., Schedule]) -> None:
+    def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        var = (x - mean).square().mean(-1, keepdim=True)
+        return (x - mean) * torch.rsqrt(var + 1e-5) * w + b
+
+    sched = schedule(layer_norm, torch.randn(8, 32), torch.randn(32), torch.randn(32))
+    (kernel,) = sched.kernels
+    assert [m.kind for m in kernel.members if m.stored] == ["pointwise"]
+    assert sum(m.kind == "reduction" for m in kernel.members) == 2
+
+
+def test_rms_norm_and_gelu_after_bias_are_one_kernel_each(
+    schedule: Callable[..., Schedule],
+) -> None:
+    def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6) * w
+
+    assert len(schedule(rms_norm, torch.randn(8, 32), torch.randn(32)).kernels) == 1
+    gelu = schedule(lambda x, b: F.gelu(x + b), torch.randn(8, 32), torch.randn(32))
+    assert len(gelu.kernels) == 1
+    assert len(gelu.kernels[0].ranges) == 2  # the bias broadcast keeps rows and columns apart
+
+
+def test_residual_add_then_norm_is_one_kernel_with_both_outputs(
+    schedule: Callable[..., Schedule],
+) -> None:
+    def residual_norm(x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x + r
+        return h, h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6)
+
+    (kernel,) = schedule(residual_norm, torch.randn(8, 32), torch.randn(8, 32)).kernels
+    assert len(kernel.outputs) == 2
+
+
+def test_sibling_reductions_share_a_kernel(schedule: Callable[..., Schedule]) -> None:
+    sched = schedule(lambda x: (x.sum(-1), x.amax(-1)), torch.randn(8, 32))
+    (kernel,) = sched.kernels
+    assert sorted(m.reduction or "" for m in kernel.members) == ["max", "sum"]
+    assert len(kernel.inputs) == 1
+
+
+def test_reductions_over_different_axes_stay_apart(schedule: Callable[..., Schedule]) -> None:
+    sched = schedule(lambda x: torch.softmax(x, -1).sum(0), torch.randn(8, 32))
+    assert len(sched.kernels) == 2
+
+
+def test_nothing_fuses_across_a_matmul_that_needs_it(schedule: Callable[..., Schedule]) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.exp() @ w)
+
+    sched = schedule(f, torch.randn(8, 16), torch.randn(16, 4))
+    kinds = [type(s).__name__ for s in sched.steps if s.launches_kernel]
+    assert kinds == ["KernelStep", "ExternCall", "KernelStep"]
+
+
+def test_independent_pointwise_siblings_share_one_kernel(schedule: Callable[..., Schedule]) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = x.exp()
+        m = x @ w
+        return a, m, x.sin()  # x.sin() needs nothing from the matmul
+
+    sched = schedule(f, torch.randn(8, 16), torch.randn(16, 4))
+    assert len(sched.kernels) == 1 and len(sched.kernels[0].outputs) == 2
+    assert sched.kernels[0].inputs == ("x_1",)
+
+
+def test_contiguous_dimensions_merge_and_transposes_do_not(
+    schedule: Callable[..., Schedule],
+) -> None:
+    sched = schedule(lambda x: (x * 2, (x + 1).transpose(1, 2).contiguous()), torch.randn(4, 6, 8))
+    shapes = sorted(k.ranges for k in sched.kernels)
+    assert (sympy_int(192),) in shapes
+    assert any(len(r) == 3 for r in shapes)
+
+
+def test_input_mutation_writes_into_the_input_and_stays_alone(
+    lower: Callable[..., Program], schedule: Callable[..., Schedule]
+) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return x + 1
+
+    program = lower(f, torch.randn(8))
+    mutations = [n for n in program.nodes if isinstance(n, ComputedBuffer) and n.mutates]
+    assert mutations
+    sched = schedule(f, torch.randn(8))
+    writers = [k for k in sched.kernels if any(m.mutates for m in k.members)]
+    assert writers and all(len(k.members) == 1 for k in writers)
+    assert not any(isinstance(n, ExternKernel) for n in program.nodes)
+
+
+def test_symbolic_sizes_flow_into_kernel_arguments(schedule: Callable[..., Schedule]) -> None:
+    sched = schedule(lambda x: torch.softmax(x, -1), torch.randn(8, 32), symbolic=True)
+    (kernel,) = sched.kernels
+    assert [s.name for s in kernel.size_arguments()]  # the row length and count are symbols
+    assert all(not r.is_number for r in kernel.ranges)
+
+
+def sympy_int(value: int) -> object:
+    import sympy
+
+    return sympy.Integer(value)
