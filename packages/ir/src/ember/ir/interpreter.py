@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
+import torch
 
 from ember.ir.evaluate import run_loop
 from ember.ir.nodes import (
