@@ -6,6 +6,7 @@ runtime executes it.
 """
 
 from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
+from ember.scheduler.interpret import run_kernel, run_schedule
 from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER, FusedKernel, KernelMember
 from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import (
@@ -37,6 +38,8 @@ __all__ = [
     "Step",
     "kernel_bytes",
     "plan_memory",
+    "run_kernel",
+    "run_schedule",
     "schedule_program",
     "unfused_bytes",
 ]
