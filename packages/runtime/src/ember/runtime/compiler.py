@@ -23,6 +23,7 @@ import torch.fx
 from ember.graphpasses import default_pipeline
 from ember.ir import LoweringOptions, Program, format_program, lower_graph, verify
 from ember.runtime.config import config
+from ember.runtime.kernels import Launcher, compile_kernels, wants_loops
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging
 from ember.runtime.wrapper import generate_wrapper
@@ -56,6 +57,8 @@ class CompileRecord:
     wrapper_path: Path | None = None
     debug_dir: Path | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    fused_kernels: int = 0  # generated kernels among `kernels`
+    kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
 
     @property
@@ -98,20 +101,14 @@ def compile_graph(
         with _timed(record, stage):
             gm, report = default_pipeline(dump_dir=debug / "passes" if debug else None).run(gm)
             log.debug("%s", report.format())
+        loops = wants_loops(_devices(gm), config.kernels)
         stage = "lowering"
-        with _timed(record, stage):
-            program = lower_graph(
-                gm, name=graph_name, options=LoweringOptions(allow_fallback=config.fallback)
-            )
-            verify(program)
-        _dump(debug, "ir.txt", lambda: format_program(program))
-        stage = "scheduling"
-        with _timed(record, stage):
-            schedule = schedule_program(program)
-        _dump(debug, "schedule.txt", schedule.format)
+        program, schedule, launchers = _build(gm, graph_name, record, debug, loops=loops)
+        if loops and launchers is None:
+            program, schedule, launchers = _build(gm, graph_name, record, debug, loops=False)
         stage = "wrapper"
         with _timed(record, stage):
-            wrapper = generate_wrapper(schedule)
+            wrapper = generate_wrapper(schedule, launchers)
             path = write_source(config.cache_dir / "wrappers", wrapper.source)
             module = load_module(path, wrapper.injected)
         _dump(debug, "wrapper.py", lambda: wrapper.source)
@@ -136,8 +133,56 @@ def compile_graph(
     return CompiledGraph(call, record)
 
 
+def _build(
+    gm: torch.fx.GraphModule, name: str, record: CompileRecord, debug: Path | None, *, loops: bool
+) -> tuple[Program, Schedule, dict[str, Launcher] | None]:
+    """Lower, schedule and compile the kernels of one graph.
+
+    Lowering and scheduling errors propagate (the caller decides: strict or eager).
+    A failure to generate or compile kernels returns `None` launchers so the caller
+    can retry with every op as an ATen call: a kernel bug costs speed, not the graph.
+    """
+    with _timed(record, "lowering"):
+        options = LoweringOptions(allow_fallback=config.fallback, loops=loops)
+        program = lower_graph(gm, name=name, options=options)
+        verify(program)
+    _dump(debug, "ir.txt", lambda: format_program(program))
+    with _timed(record, "scheduling"):
+        schedule = schedule_program(program)
+    _dump(debug, "schedule.txt", schedule.format)
+    if not schedule.kernels:
+        return program, schedule, {}
+    try:
+        with _timed(record, "kernels"):
+            launchers = compile_kernels(
+                schedule.kernels, config.kernels, config.cache_dir / "kernels"
+            )
+    except Exception as exc:
+        if config.strict:
+            raise
+        log.warning(
+            "generated kernels for graph %r failed (%s: %s); its ops run as ATen kernels",
+            name,
+            type(exc).__name__,
+            exc,
+        )
+        record.kernel_fallback = f"{type(exc).__name__}: {exc}"
+        return program, schedule, None
+    return program, schedule, launchers
+
+
+def _devices(gm: torch.fx.GraphModule) -> set[torch.device]:
+    devices: set[torch.device] = set()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            devices.add(val.device)
+    return devices
+
+
 def _fill_record(record: CompileRecord, program: Program, schedule: Schedule, path: Path) -> None:
     record.kernels = schedule.kernel_count
+    record.fused_kernels = len(schedule.kernels)
     record.steps = len(schedule.steps)
     record.fallback_ops = sorted(program.fallback_ops)
     record.wrapper_path = path

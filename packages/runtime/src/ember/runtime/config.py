@@ -26,6 +26,13 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
 
 
+def _choice(text: str, allowed: tuple[str, ...]) -> str:
+    value = text.strip().lower()
+    if value not in allowed:
+        raise ValueError(f"expected one of {', '.join(allowed)}")
+    return value
+
+
 def _parse_path(text: str) -> Path | None:
     return Path(text).expanduser() if text.strip() else None
 
@@ -79,6 +86,13 @@ KNOBS: dict[str, Knob[Any]] = {
         _default_cache_dir,
         "Where generated code is written (default ~/.cache/ember).",
     ),
+    "kernels": Knob(
+        "EMBER_KERNELS",
+        lambda text: _choice(text, ("auto", "extern", "reference")),
+        lambda: "auto",
+        "Generated kernels: 'auto' (C++ on CPU, Triton on CUDA), 'extern' (ATen kernels "
+        "only) or 'reference' (torch-op interpreter, for debugging).",
+    ),
     "logs": Knob(
         "EMBER_LOGS",
         lambda text: text.strip().lower(),
@@ -119,6 +133,10 @@ class EmberConfig:
     @property
     def cache_dir(self) -> Path:
         return Path(self.get("cache_dir"))
+
+    @property
+    def kernels(self) -> str:
+        return str(self.get("kernels"))
 
     @property
     def logs(self) -> str:

@@ -11,6 +11,7 @@ are injected into the module's globals by the loader.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,14 @@ import torch
 
 from ember.ir import BufferRef, ExternKernel, InputBuffer, SizeInput
 from ember.runtime.pyexpr import pyexpr, symbol_name
-from ember.scheduler import ExternCall, Schedule, SelectOutput
+from ember.scheduler import (
+    Allocation,
+    ExternCall,
+    FusedKernel,
+    KernelStep,
+    Schedule,
+    SelectOutput,
+)
 
 
 @dataclass
@@ -76,12 +84,22 @@ class _Writer:
         return self.inject("obj", value)
 
 
-def generate_wrapper(schedule: Schedule) -> WrapperSource:
-    """The wrapper module's source for `schedule`."""
+def generate_wrapper(
+    schedule: Schedule, launchers: Mapping[str, Callable[..., None]] | None = None
+) -> WrapperSource:
+    """The wrapper module's source for `schedule`.
+
+    `launchers` maps each fused kernel's name to its compiled launcher, called with
+    the kernel's buffer arguments then its size arguments (FusedKernel's contract).
+    """
     program = schedule.program
     w = _Writer()
     for const in program.constants:
         w.injected[const.name] = const.value
+    for kernel in schedule.kernels:
+        if launchers is None or kernel.name not in launchers:
+            raise KeyError(f"no compiled launcher for fused kernel {kernel.name!r}")
+        w.injected[kernel.name] = launchers[kernel.name]
     body: list[str] = []
     names = [node.name for node in program.inputs]
     if names:
@@ -90,8 +108,15 @@ def generate_wrapper(schedule: Schedule) -> WrapperSource:
     body += _bind_symbols(schedule)
     if schedule.memory.frees_at_entry:
         body.append(f"del {', '.join(schedule.memory.frees_at_entry)}")
-    for step, frees in zip(schedule.steps, schedule.memory.frees_after, strict=True):
-        if isinstance(step, ExternCall):
+    if program.rng_seed is not None:
+        body.append(_seed_line(w, schedule))
+    for index, (step, frees) in enumerate(
+        zip(schedule.steps, schedule.memory.frees_after, strict=True)
+    ):
+        body += [_allocation_line(w, a) for a in schedule.memory.allocations[index]]
+        if isinstance(step, KernelStep):
+            body += _kernel_lines(w, step.kernel)
+        elif isinstance(step, ExternCall):
             body.append(_extern_line(w, step.node))
         elif isinstance(step, SelectOutput):
             body.append(f"{step.node.name} = {step.node.source}[{step.node.index}]")
@@ -127,6 +152,35 @@ def _bind_symbols(schedule: Schedule) -> list[str]:
                         bound.add(expr)
                         lines.append(f"{symbol_name(expr)} = {node.name}.{method}({dim})")
     return lines
+
+
+def _allocation_line(w: _Writer, allocation: Allocation) -> str:
+    if allocation.reuse is not None:
+        how = "written in place" if allocation.inplace else "reused"
+        return f"{allocation.name} = {allocation.reuse}  # storage {how}"
+    layout = allocation.layout
+    size = w.arg(tuple(layout.size))
+    stride = w.arg(tuple(layout.stride))
+    return (
+        f"{allocation.name} = torch.empty_strided({size}, {stride}, "
+        f"dtype={w.arg(layout.dtype)}, device={w.arg(layout.device)})"
+    )
+
+
+def _kernel_lines(w: _Writer, kernel: FusedKernel) -> list[str]:
+    lines = [f"{m.name} = {m.mutates}" for m in kernel.members if m.mutates is not None]
+    args = [*kernel.buffer_arguments(), *(pyexpr(s) for s in kernel.size_arguments())]
+    lines.append(f"{kernel.name}({', '.join(args)})")
+    return lines
+
+
+def _seed_line(w: _Writer, schedule: Schedule) -> str:
+    """The seed of the program's random ops, drawn from torch's generator per call
+    (so torch.manual_seed makes compiled runs repeatable), on the kernels' device."""
+    seed = schedule.program.rng_seed
+    readers = [k for k in schedule.kernels if seed in k.inputs]
+    device = readers[0].device if readers else torch.device("cpu")
+    return f"{seed} = torch.randint(0, 2**62, (), dtype=torch.int64, device={w.arg(device)})"
 
 
 def _extern_line(w: _Writer, node: ExternKernel) -> str:
