@@ -1,9 +1,11 @@
 """The decomposition table ember lowers from.
 
 AOTAutograd and `torch.export(...).run_decompositions` apply this table while tracing,
-so the graphs that reach the IR contain only the ops left over. It is torch's core ATen
-decomposition set, minus the ops ember prefers to see whole (listed in
-`KEEP_WHOLE` with the reason), plus ember's own additions.
+so the graphs that reach the IR contain only the ops left over: the list in
+`ember.graphpasses.remaining_ops`, which a test recomputes from this table. The table is
+torch's core ATen decomposition set, minus the ops ember prefers to see whole
+(`KEEP_WHOLE`, with the reason), plus ember's own additions (`EMBER_ADDITIONS`, with the
+reason), all taken from torch's registered decompositions.
 """
 
 from __future__ import annotations
@@ -12,12 +14,31 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
-# Ops torch would decompose that ember keeps as one op, and why.
+# Ops torch would decompose that ember keeps as one op, and why. Empty today: the core
+# set already keeps what ember calls as ATen externs on purpose (mm, addmm, bmm,
+# convolution, _softmax for the attention pattern), and everything else it decomposes
+# is cheaper for ember as pointwise and reduction ops the scheduler can fuse.
 KEEP_WHOLE: dict[torch._ops.OpOverloadPacket, str] = {}
+
+# Ops the core set leaves whole that ember decomposes, and why.
+EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
+    aten._native_batch_norm_legit_functional: (
+        "training batch norm after functionalisation is not a core op and the core set "
+        "has no decomposition for it; as mean/var/pointwise it fuses with the activation"
+    ),
+    aten.native_batch_norm: "same as _native_batch_norm_legit_functional (older spelling)",
+    aten._native_batch_norm_legit: "batch norm as reductions + pointwise fuses with neighbours",
+    aten._native_batch_norm_legit_no_training: (
+        "inference batch norm is a per-channel affine map: pointwise, fuses into the "
+        "convolution's epilogue instead of being a separate extern kernel"
+    ),
+    aten.native_layer_norm: "layer norm as reductions + pointwise fuses with residual adds",
+    aten.native_group_norm: "group norm as reductions + pointwise, same reason",
+}
 
 
 def ember_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
@@ -27,4 +48,8 @@ def ember_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
         packet = getattr(op, "overloadpacket", None)
         if packet is not None and packet in KEEP_WHOLE:
             del table[op]
+    for op, fn in get_decompositions(list(EMBER_ADDITIONS)).items():
+        if isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable:
+            continue  # out= variants: AOTAutograd graphs never contain them
+        table[op] = fn
     return table
