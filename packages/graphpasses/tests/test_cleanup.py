@@ -40,9 +40,8 @@ def test_dce_keeps_mutation_epilogue_and_removes_dead_code() -> None:
     captured = aot_capture(Counter(), torch.randn(4))
     gm = captured.graph("inference")
     assert count(gm, aten.copy_.default) == 1
-    gm, report = PassManager([eliminate_dead_code], sample_inputs=captured.inputs["inference"]).run(
-        gm
-    )
+    manager = PassManager([eliminate_dead_code], sample_inputs=captured.inputs["inference"])
+    gm, _ = manager.run(gm)
     assert count(gm, aten.copy_.default) == 1  # the buffer update stays
     assert count(gm, aten.sin.default) == 1
 
@@ -72,7 +71,7 @@ def test_cse_merges_repeated_pure_ops() -> None:
 
     captured = aot_capture(f, torch.randn(8))
     gm = captured.graph("inference")
-    gm, report = PassManager(
+    gm, _report = PassManager(
         [eliminate_common_subexpressions, eliminate_dead_code],
         sample_inputs=captured.inputs["inference"],
     ).run(gm)
@@ -100,7 +99,7 @@ def test_cse_respects_mutation_between_reads() -> None:
         return before + after
 
     gm = fake_trace(f, torch.randn(4))
-    gm, report = PassManager([eliminate_common_subexpressions], check=True).run(gm)
+    gm, _report = PassManager([eliminate_common_subexpressions], check=True).run(gm)
     assert count(gm, aten.sum.default) == 2
 
 
@@ -146,6 +145,7 @@ class WithConstants(torch.nn.Module):
         small = torch.tensor([1.0, 2.0, 3.0, 4.0])
         big = torch.linspace(0, 1, 4096)
         return x * (small * 2 + 1) + (big * 3).sum() + torch.rand(4) * 0
+
 
 def test_constant_folding_folds_small_keeps_big_and_random() -> None:
     captured = aot_capture(WithConstants(), torch.randn(4))

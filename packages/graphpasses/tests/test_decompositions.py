@@ -75,7 +75,9 @@ def test_model_graphs_only_use_remaining_ops() -> None:
             for kind in captured.graphs:
                 gm, _ = default_pipeline().run(captured.graph(kind))
                 assert all(
-                    is_aten_level_target(n.target) for n in gm.graph.nodes if n.op == "call_function"
+                    is_aten_level_target(n.target)
+                    for n in gm.graph.nodes
+                    if n.op == "call_function"
                 )
                 seen |= _ops(gm)
         seen |= _ops(export_aten(model.eval(), x).graph_module)

@@ -45,7 +45,7 @@ def test_report_records_time_counts_and_stats() -> None:
     gm, _ = mlp_graph()
     before = len(gm.graph.nodes)
     gm, report = default_pipeline().run(gm)
-    assert [r.name for r in report.records][0] == "view_normalisation"
+    assert next(r.name for r in report.records) == "view_normalisation"
     assert report.records[0].nodes_before == before
     assert report.records[-1].nodes_after == len(gm.graph.nodes)
     assert all(r.seconds >= 0 for r in report.records)
@@ -64,7 +64,7 @@ def test_dump_dir_gets_input_changed_graphs_and_report(tmp_path: Path) -> None:
 def test_checking_mode_names_the_pass_that_changed_values() -> None:
     gm, inputs = mlp_graph()
     manager = PassManager([eliminate_dead_code, wrong_values], sample_inputs=inputs)
-    with pytest.raises(GraphPassError, match="'relu_to_sigmoid'.*changed the graph's values"):
+    with pytest.raises(GraphPassError, match=r"'relu_to_sigmoid'.*changed the graph's values"):
         manager.run(gm)
 
 
@@ -79,7 +79,7 @@ def test_checking_mode_verifies_declared_promises() -> None:
         return PassResult(gm, True)
 
     gm, _ = mlp_graph()
-    with pytest.raises(GraphPassError, match="'adds_mutation' at node 'add__tensor'.*mutating"):
+    with pytest.raises(GraphPassError, match=r"'adds_mutation' at node 'add__tensor'.*mutating"):
         PassManager([adds_mutation], check=True).run(gm)
 
 
@@ -99,7 +99,7 @@ def test_checking_mode_catches_dropped_random_op() -> None:
 
     gm = make_fx(f)(torch.randn(3))
     assert count(gm, aten.rand.default) == 1
-    with pytest.raises(GraphPassError, match="'erase_rand'.*random ops changed"):
+    with pytest.raises(GraphPassError, match=r"'erase_rand'.*random ops changed"):
         PassManager([erase_rand], check=True).run(gm)
 
 
@@ -112,7 +112,7 @@ def test_pass_that_breaks_the_graph_is_named() -> None:
         return PassResult(gm, True)
 
     gm, _ = mlp_graph()
-    with pytest.raises(GraphPassError, match="'breaks_order'.*malformed"):
+    with pytest.raises(GraphPassError, match=r"'breaks_order'.*malformed"):
         PassManager([breaks_order]).run(gm)
 
 
@@ -125,7 +125,9 @@ def test_pass_that_creates_node_without_value_is_named() -> None:
         return PassResult(gm, True)
 
     gm, _ = mlp_graph()
-    with pytest.raises(GraphPassError, match="'forgets_meta' at node 'neg_default'.*meta\\['val'\\]"):
+    with pytest.raises(
+        GraphPassError, match=r"'forgets_meta' at node 'neg_default'.*meta\['val'\]"
+    ):
         PassManager([forgets_meta]).run(gm)
 
 
@@ -135,13 +137,13 @@ def test_exception_inside_a_pass_is_wrapped_with_its_name() -> None:
         raise KeyError("boom")
 
     gm, _ = mlp_graph()
-    with pytest.raises(GraphPassError, match="'crashes'.*KeyError"):
+    with pytest.raises(GraphPassError, match=r"'crashes'.*KeyError"):
         PassManager([crashes]).run(gm)
 
 
 def test_torch_level_graph_is_rejected_with_node_name() -> None:
     gm = torch.fx.symbolic_trace(MLP())
-    with pytest.raises(GraphPassError, match="at node 'fc1'.*call_module.*ATen"):
+    with pytest.raises(GraphPassError, match=r"at node 'fc1'.*call_module.*ATen"):
         default_pipeline().run(gm)
 
 
@@ -154,7 +156,7 @@ def test_unknown_target_is_rejected_with_node_name() -> None:
     y = graph.call_function(helper, (x,))
     graph.output(y)
     gm = torch.fx.GraphModule({}, graph)
-    with pytest.raises(GraphPassError, match="at node 'helper'.*unknown target"):
+    with pytest.raises(GraphPassError, match=r"at node 'helper'.*unknown target"):
         default_pipeline().run(gm)
 
 
@@ -163,12 +165,12 @@ def test_overload_packet_target_is_rejected() -> None:
     x = graph.placeholder("x")
     graph.output(graph.call_function(aten.relu, (x,)))
     gm = torch.fx.GraphModule({}, graph)
-    with pytest.raises(GraphPassError, match="overload packet.*aten.relu.default"):
+    with pytest.raises(GraphPassError, match=r"overload packet.*aten.relu.default"):
         default_pipeline().run(gm)
 
 
 def test_named_pass_rejects_unknown_promise() -> None:
-    with pytest.raises(ValueError, match="unknown preserves"):
+    with pytest.raises(ValueError, match=r"unknown preserves"):
         named_pass("x", ("fast",))
 
 

@@ -210,5 +210,5 @@ def test_pattern_scalar_must_appear_in_graph() -> None:
         example_inputs=lambda: [torch.randn(3)],
         scalars=("s",),
     )
-    with pytest.raises(ValueError, match="do not appear as literals"):
+    with pytest.raises(ValueError, match=r"do not appear as literals"):
         _ = pattern.graph

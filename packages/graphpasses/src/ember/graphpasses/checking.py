@@ -90,9 +90,7 @@ def check_declared_preserves(
 
 def _clone_inputs(inputs: Sequence[Any]) -> list[Any]:
     return [
-        x.detach().clone(memory_format=torch.preserve_format)
-        if isinstance(x, torch.Tensor)
-        else x
+        x.detach().clone(memory_format=torch.preserve_format) if isinstance(x, torch.Tensor) else x
         for x in inputs
     ]
 

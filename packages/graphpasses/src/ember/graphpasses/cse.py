@@ -98,9 +98,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> PassResult:
                 node.target,
                 _freeze(node.args, rep),
                 _freeze(node.kwargs, rep),
-                tuple(
-                    version.get(storage_key(a.meta.get("val")), 0) for a in _tensor_args(node)
-                ),
+                tuple(version.get(storage_key(a.meta.get("val")), 0) for a in _tensor_args(node)),
             )
             first = seen.get(key)
         except (_Unhashable, TypeError):

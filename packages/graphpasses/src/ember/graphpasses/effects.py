@@ -80,7 +80,7 @@ def is_random(node: torch.fx.Node) -> bool:
     if isinstance(target, torch._ops.OpOverload):
         if target in _RANDOM_ONLY_WITH_DROPOUT:
             dropout = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
-            return dropout != 0.0
+            return bool(dropout != 0.0)
         return _RANDOM_TAG in target.tags
     return False
 
@@ -101,7 +101,7 @@ def has_side_effects(node: torch.fx.Node) -> bool:
     if isinstance(target, torch._ops.HigherOrderOperator):
         return True
     try:
-        return node.is_impure()
+        return bool(node.is_impure())
     except Exception:  # older torch versions raise on some targets: be conservative
         return True
 
@@ -116,7 +116,7 @@ def storage_key(value: object) -> object | None:
     if not isinstance(value, torch.Tensor):
         return None
     try:
-        return torch.multiprocessing.reductions.StorageWeakRef(value.untyped_storage())
+        return torch.multiprocessing.reductions.StorageWeakRef(value.untyped_storage())  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     except Exception:  # tensors without storage (sparse, some subclasses)
         return None
 

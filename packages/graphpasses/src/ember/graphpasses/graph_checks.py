@@ -51,9 +51,9 @@ _SCALAR_FUNCTIONS: frozenset[object] = frozenset(
         torch.sym_min,
         torch.sym_not,
         torch.sym_ite,
-        torch._sym_sqrt,
         torch._assert,
     }
+    | ({getattr(torch, "_sym_sqrt")} if hasattr(torch, "_sym_sqrt") else set())  # noqa: B009  # only some versions have it
 )
 
 
@@ -144,6 +144,7 @@ def _has_attr(gm: torch.fx.GraphModule, qualified: str) -> bool:
 
 
 def _node_named_in(gm: torch.fx.GraphModule, message: str) -> torch.fx.Node | None:
+    node: torch.fx.Node
     for node in gm.graph.nodes:
         if f"{node.name}" in message.split() or f"'{node.name}'" in message:
             return node

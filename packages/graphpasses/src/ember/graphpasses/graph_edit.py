@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 
 def output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    node: torch.fx.Node
     for node in reversed(gm.graph.nodes):
         if node.op == "output":
             return node

@@ -79,6 +79,7 @@ def normalized_arguments(node: torch.fx.Node) -> list[tuple[str, Any]]:
     if not isinstance(target, torch._ops.OpOverload):
         return [(str(i), a) for i, a in enumerate(node.args)] + sorted(node.kwargs.items())
     result: list[tuple[str, Any]] = []
+    value: Any
     for index, argument in enumerate(target._schema.arguments):
         if not argument.kwarg_only and index < len(node.args):
             value = node.args[index]
@@ -121,9 +122,7 @@ def _match_value(pattern: Any, value: Any, match: Match) -> bool:
     if isinstance(pattern, float) and isinstance(value, float):
         return math.isclose(pattern, value, rel_tol=1e-6, abs_tol=1e-12)
     if type(pattern) is not type(value):
-        return isinstance(pattern, int | float) and pattern == value and not isinstance(
-            value, bool
-        )
+        return isinstance(pattern, int | float) and pattern == value and not isinstance(value, bool)
     return bool(pattern == value)
 
 

@@ -51,9 +51,9 @@ def _is_view_noop(node: torch.fx.Node, x: torch.Tensor, out: torch.Tensor) -> bo
     if target is aten.permute.default:
         dims = node.args[1]
         rank = max(x.dim(), 1)
-        return isinstance(dims, list | tuple) and [int(d) % rank for d in dims] == list(  # type: ignore[call-overload]  # dims are ints
-            range(x.dim())
-        )
+        if not isinstance(dims, list | tuple) or not all(isinstance(d, int) for d in dims):
+            return False
+        return [d % rank for d in dims] == list(range(x.dim()))  # type: ignore[operator]  # ints, checked above
     if target is aten.alias.default:
         return True
     if target is aten.slice.Tensor:
@@ -77,7 +77,7 @@ def _is_copy_noop(node: torch.fx.Node, x: torch.Tensor, out: torch.Tensor) -> bo
         return False
     other = node.args[1]
     alpha = node.kwargs.get("alpha", 1)
-    return (
+    return bool(
         isinstance(other, int | float)
         and not isinstance(other, bool)
         and other == identity

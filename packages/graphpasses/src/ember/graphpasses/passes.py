@@ -30,8 +30,11 @@ class PassResult:
 class GraphPass(Protocol):
     """A graph pass. `name` and `preserves` are read by the pass manager."""
 
-    name: str
-    preserves: frozenset[str]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def preserves(self) -> frozenset[str]: ...
 
     def __call__(self, gm: torch.fx.GraphModule) -> PassResult: ...
 

@@ -15,7 +15,8 @@ should call `torch.ops.aten.<op>.<overload>` directly: that is what lands in the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -111,11 +112,19 @@ def trace_search(
 
     gm = make_fx(
         with_scalars,
-        decomposition_table=ember_decompositions(),
+        decomposition_table=_tracing_table(),
         tracing_mode="fake" if not _any_fake(tensors) else "real",
     )(*tensors)
     canonicalise(gm)
     return gm
+
+
+@functools.cache
+def _tracing_table() -> Mapping[torch._ops.OpOverload, Callable[..., Any]]:
+    """Ember's table, built once: patterns are traced many times per process."""
+    return {
+        op: fn for op, fn in ember_decompositions().items() if isinstance(op, torch._ops.OpOverload)
+    }
 
 
 def _any_fake(values: Sequence[Any]) -> bool:
@@ -131,7 +140,9 @@ def canonicalise(gm: torch.fx.GraphModule) -> None:
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is aten.clone.default:
-            node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]  # clone's input
+            source = node.args[0]
+            assert isinstance(source, torch.fx.Node)
+            node.replace_all_uses_with(source)
             graph.erase_node(node)
     graph.eliminate_dead_code()
     gm.recompile()

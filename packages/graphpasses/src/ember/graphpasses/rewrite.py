@@ -28,7 +28,6 @@ from ember.graphpasses.dce import remove_dead_nodes
 from ember.graphpasses.errors import GraphPassError
 from ember.graphpasses.fake import copy_debug_meta, fake_mode_of, infer_value, same_shape
 from ember.graphpasses.matcher import Match, match_pattern
-from ember.graphpasses.pattern import Pattern, trace_search
 from ember.graphpasses.passes import (
     PRESERVES_CORE_ATEN,
     PRESERVES_NO_MUTATION,
@@ -38,6 +37,7 @@ from ember.graphpasses.passes import (
     PassResult,
     named_pass,
 )
+from ember.graphpasses.pattern import Pattern, trace_search
 
 
 class _RecordingTracer(GraphAppendingTracer):

@@ -29,6 +29,11 @@ aten = torch.ops.aten
 PASS_NAME = "view_normalisation"
 
 
+def _dim(value: object) -> int:
+    assert isinstance(value, int), f"permute dims must be ints, got {value!r}"
+    return value
+
+
 def _contiguous(node: object) -> bool:
     value = tensor_value(node)
     if value is None:
@@ -103,7 +108,7 @@ def compose_permutes(gm: torch.fx.GraphModule) -> PassResult:
         outer_dims, inner_dims = node.args[1], inner.args[1]
         assert isinstance(outer_dims, list | tuple) and isinstance(inner_dims, list | tuple)
         rank = len(inner_dims)
-        order = [int(inner_dims[int(d) % rank]) % rank for d in outer_dims]  # type: ignore[call-overload]  # dims are ints
+        order = [_dim(inner_dims[_dim(d) % rank]) % rank for d in outer_dims]
         source = inner.args[0]
         assert isinstance(source, torch.fx.Node)
         if order == list(range(rank)):

@@ -36,18 +36,18 @@ def _selects(selectors: list[OpSelector], target: object) -> bool:
         return False
     for selector in selectors:
         if isinstance(selector, str):
-            if selector in (target.name(), target._schema.name, str(target)):
+            if selector in (target._schema.name, f"{target._schema.name}.{target._overloadname}"):
                 return True
         elif selector is target or selector is target.overloadpacket:
             return True
     return False
 
 
-def _guard_kwargs(value: torch.Tensor) -> dict[str, object]:
+def _guard_kwargs(value: torch.Tensor) -> dict[str, torch.fx.node.Argument]:
     return {"dtype": value.dtype, "device": value.device, "layout": value.layout}
 
 
-def _already_guarded(arg: torch.fx.Node, kwargs: dict[str, object]) -> bool:
+def _already_guarded(arg: torch.fx.Node, kwargs: dict[str, torch.fx.node.Argument]) -> bool:
     return any(
         user.target is aten._assert_tensor_metadata.default and dict(user.kwargs) == kwargs
         for user in arg.users
