@@ -1,7 +1,7 @@
 """Print the default pipeline's per-pass report and pattern fires on the test models.
 
 Usage (from the repository root): uv run python packages/graphpasses/scripts/pass_report.py
-The models are the end-to-end test models in packages/graphpasses/tests/conftest.py.
+The models are the end-to-end test models in packages/graphpasses/tests/graphpasses_helpers.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from conftest import MLP, SmallCNN, TransformerBlock, aot_capture
+from graphpasses_helpers import MLP, SmallCNN, TransformerBlock, aot_capture
 
 from ember.graphpasses import default_pipeline
 from ember.graphpasses.patterns import DEFAULT_PATTERNS

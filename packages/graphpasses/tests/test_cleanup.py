@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx
-from conftest import aot_capture, count
+from graphpasses_helpers import aot_capture, count
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.graphpasses import (

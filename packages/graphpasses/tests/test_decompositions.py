@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import MLP, SmallCNN, TransformerBlock, aot_capture, export_aten
+from graphpasses_helpers import MLP, SmallCNN, TransformerBlock, aot_capture, export_aten
 
 from ember.graphpasses import EMBER_ADDITIONS, REMAINING_OPS, default_pipeline, ember_decompositions
 from ember.graphpasses.graph_checks import is_aten_level_target

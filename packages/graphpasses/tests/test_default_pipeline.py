@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import MLP, SmallCNN, TransformerBlock, aot_capture, count
+from graphpasses_helpers import MLP, SmallCNN, TransformerBlock, aot_capture, count
 
 from ember.graphpasses import default_pipeline
 from ember.graphpasses.effects import is_random

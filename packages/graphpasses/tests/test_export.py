@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 import torch
 import torch.export._trace as export_trace
-from conftest import count
+from graphpasses_helpers import count
 from torch._export.passes.collect_tracepoints_pass import CollectTracepointsPass
 from torch.export.exported_program import ConstantArgument, TensorArgument
 

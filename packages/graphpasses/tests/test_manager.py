@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.fx
-from conftest import MLP, aot_capture, count
+from graphpasses_helpers import MLP, aot_capture, count
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.graphpasses import (

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import Attention, aot_capture, count, export_aten
+from graphpasses_helpers import Attention, aot_capture, count, export_aten
 
 from ember.graphpasses import (
     DEFAULT_PATTERNS,
