@@ -35,10 +35,7 @@ def test_dead_code_is_removed_and_recorded(tmp_path: Path) -> None:
     (record,) = report.records
     assert record.changed and record.nodes_before == before and record.nodes_after == before - 1
     assert not any(n.target == torch.ops.aten.exp.default for n in gm.graph.nodes)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "00_input.txt",
-        "01_dead_code_elimination.txt",
-    ]
+    assert {"00_input.txt", "01_dead_code_elimination.txt"} <= {p.name for p in tmp_path.iterdir()}
     assert "dead_code_elimination" in report.format()
 
 

@@ -1,9 +1,11 @@
 """The decomposition table ember lowers from.
 
 AOTAutograd and `torch.export(...).run_decompositions` apply this table while tracing,
-so the graphs that reach the IR contain only the ops left over. It is torch's core ATen
-decomposition set, minus the ops ember prefers to see whole (listed in
-`KEEP_WHOLE` with the reason), plus ember's own additions.
+so the graphs that reach the IR contain only the ops left over: the list in
+`ember.graphpasses.remaining_ops`, which a test recomputes from this table. The table is
+torch's core ATen decomposition set, minus the ops ember prefers to see whole
+(`KEEP_WHOLE`, with the reason), plus ember's own additions (`EMBER_ADDITIONS`, with the
+reason), all taken from torch's registered decompositions.
 """
 
 from __future__ import annotations
@@ -12,16 +14,33 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
-# Ops torch would decompose that ember keeps as one op, and why.
+# Ops torch would decompose that ember keeps as one op, and why. The core set already
+# keeps what ember calls as ATen externs on purpose (mm, addmm, bmm, convolution), and
+# most of what it decomposes is cheaper for ember as pointwise and reduction ops the
+# scheduler can fuse; attention is the exception.
 KEEP_WHOLE: dict[torch._ops.OpOverloadPacket, str] = {
     aten._scaled_dot_product_flash_attention_for_cpu: (
-        "attention stays one fused ATen kernel; and torch's decomposition of this op gave "
-        "wrong gradients (max abs error 0.025) on a 2-layer GPT-2 under torch 2.15"
+        "attention stays one fused ATen kernel; and torch 2.15's decomposition of this op "
+        "gave wrong gradients on CPU (off by ~40x on plain SDPA; tests/stack/"
+        "test_attention_gradients.py)"
     ),
+}
+
+# Ops the core set leaves whole that ember decomposes, and why. Not the other batch
+# norm spellings (`native_batch_norm`, `_native_batch_norm_legit[_no_training]`): their
+# decompositions go through the in-place `_native_batch_norm_legit`, which AOTAutograd
+# rejects in its functional graphs; the IR lowers inference batch norm directly.
+EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
+    aten._native_batch_norm_legit_functional: (
+        "training batch norm after functionalisation is not a core op and the core set "
+        "has no decomposition for it; as mean/var/pointwise it fuses with the activation"
+    ),
+    aten.native_layer_norm: "layer norm as reductions + pointwise fuses with residual adds",
+    aten.native_group_norm: "group norm as reductions + pointwise, same reason",
 }
 
 
@@ -32,4 +51,8 @@ def ember_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
         packet = getattr(op, "overloadpacket", None)
         if packet is not None and packet in KEEP_WHOLE:
             del table[op]
+    for op, fn in get_decompositions(list(EMBER_ADDITIONS)).items():
+        if isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable:
+            continue  # out= variants: AOTAutograd graphs never contain them
+        table[op] = fn
     return table
