@@ -251,7 +251,7 @@ class Fuser:
             if not isinstance(node, Load) or node.buffer not in members:
                 return node
             member = members[node.buffer]
-            if node.mask is not None or node.indirect or sympy.expand(node.index) != member.index:
+            if node.mask is not None or node.indirect or not _reads_own_point(node, member):
                 failed = True
                 return node
             if member.kind == REDUCTION:
@@ -293,6 +293,20 @@ class Fuser:
             elif name in shared and self.choices.horizontal:
                 saved += self.sizes.get(name, 0)
         return saved
+
+
+def _reads_own_point(load: Load, member: Member) -> bool:
+    """The load reads the element `member` computes at the current point (for a
+    welford reduction: its mean or its M2, one stride apart)."""
+    delta = sympy.expand(load.index - member.index)
+    if delta == 0:
+        return True
+    loop = member.buffer.loop
+    return (
+        isinstance(loop, Reduction)
+        and loop.kind == "welford"
+        and sympy.expand(delta - member.buffer.layout.stride[-1]) == 0
+    )
 
 
 def _mutates(node: ExternKernel) -> bool:
