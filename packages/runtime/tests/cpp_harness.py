@@ -41,7 +41,9 @@ class Case:
     kernels: list[FusedKernel]
 
 
-def trace(name: str, fn: Callable[..., Any], args: Sequence[Any], *, symbolic: bool = False) -> Case:
+def trace(
+    name: str, fn: Callable[..., Any], args: Sequence[Any], *, symbolic: bool = False
+) -> Case:
     mode = "symbolic" if symbolic else "real"
     gm = make_fx(fn, decomposition_table=ember_decompositions(), tracing_mode=mode)(*args)
     program = lower_graph(gm, options=LoweringOptions(loops=True))
@@ -94,12 +96,14 @@ def run_compiled(
         sizes = [bindings[s] for s in kernel.size_arguments()]
         compiled[kernel.name](*tensors, *sizes)
     assert not any(isinstance(s, ExternCall) for s in case.schedule.steps), "extern in a test case"
-    outputs = []
-    for out in program.outputs:
-        if isinstance(out, BufferRef):
-            outputs.append(env[out.name])
-        elif isinstance(out, sympy.Basic):
-            outputs.append(evaluate(out, bindings))
-        else:
-            outputs.append(out)
-    return outputs
+
+    def value(tree: Any) -> Any:
+        if isinstance(tree, BufferRef):
+            return env[tree.name]
+        if isinstance(tree, sympy.Basic):
+            return exact_evaluate(tree, bindings)
+        if isinstance(tree, (tuple, list)):
+            return [value(t) for t in tree]
+        return tree
+
+    return [value(out) for out in program.outputs]
