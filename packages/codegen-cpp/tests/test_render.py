@@ -55,7 +55,7 @@ def test_unsupported_op_is_named_with_its_kernel() -> None:
     layout = Layout.contiguous(torch.device("cpu"), torch.float32, (sympy.Integer(8),))
     member = KernelMember("buf0", layout, POINTWISE, body, i0, stored=True)
     kernel = FusedKernel("k0_pw_bessel", (sympy.Integer(8),), (), (member,), ("x",), ("buf0",))
-    with pytest.raises(CppRenderError, match="special_bessel_j0.*k0_pw_bessel"):
+    with pytest.raises(CppRenderError, match=r"special_bessel_j0.*k0_pw_bessel"):
         render_kernels([kernel])
 
 
@@ -64,11 +64,17 @@ def _softmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 GOLDEN_CASES: dict[str, Callable[[], list[FusedKernel]]] = {
-    "pointwise": lambda: kernels_of(lambda x, y: (x * y).sigmoid(), torch.randn(8, 512), torch.randn(512)),
+    "pointwise": lambda: kernels_of(
+        lambda x, y: (x * y).sigmoid(), torch.randn(8, 512), torch.randn(512)
+    ),
     "softmax": lambda: kernels_of(_softmax, torch.randn(32, 100), torch.randn(100)),
     "column_sum": lambda: kernels_of(lambda x: x.sum(0), torch.randn(100, 64)),
-    "masked_cat": lambda: kernels_of(lambda x, y: torch.cat([x, y], 1), torch.randn(4, 3), torch.randn(4, 5)),
-    "embedding": lambda: kernels_of(lambda i, w: F.embedding(i, w), torch.tensor([1, 3]), torch.randn(10, 4)),
+    "masked_cat": lambda: kernels_of(
+        lambda x, y: torch.cat([x, y], 1), torch.randn(4, 3), torch.randn(4, 5)
+    ),
+    "embedding": lambda: kernels_of(
+        lambda i, w: F.embedding(i, w), torch.tensor([1, 3]), torch.randn(10, 4)
+    ),
     "index_put": lambda: kernels_of(
         lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True),
         torch.randn(5, 4),
@@ -109,7 +115,9 @@ def test_one_unit_with_prelude_and_metadata() -> None:
             assert a.writes == (a.name in kernel.outputs)
             assert a.ctype == ("float* __restrict__" if a.writes else "const float* __restrict__")
         params = ", ".join(
-            f"{'float' if a.writes else 'const float'}* __restrict__ {'out' if a.writes else 'in'}_{a.name}"
+            f"float* __restrict__ out_{a.name}"
+            if a.writes
+            else f"const float* __restrict__ in_{a.name}"
             for a in buffers
         )
         params += "".join(f", int64_t {a.name}" for a in sizes)

@@ -71,8 +71,16 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
         (_with_nans(torch.randn(5, 37)),),
         False,
     ),
-    "arg_ties": (lambda x: (x.argmax(-1), x.argmin(0)), (torch.randint(0, 3, (6, 40)).float(),), False),
-    "any_all": (lambda x: ((x > 1).any(1), (x > -2).all(0), x.prod(1)), (torch.randn(7, 9),), False),
+    "arg_ties": (
+        lambda x: (x.argmax(-1), x.argmin(0)),
+        (torch.randint(0, 3, (6, 40)).float(),),
+        False,
+    ),
+    "any_all": (
+        lambda x: ((x > 1).any(1), (x > -2).all(0), x.prod(1)),
+        (torch.randn(7, 9),),
+        False,
+    ),
     "welford": (lambda x: (torch.var_mean(x, 1), torch.std(x, 0)), (torch.randn(5, 300),), False),
     "masked": (
         lambda x, y: (torch.cat([x, y], 1), F.pad(x, (1, 2)), F.pad(x, (2, 1), value=-3.0)),
@@ -81,7 +89,12 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
     ),
     "indirect": (
         lambda w, i, x, j: (F.embedding(i, w), torch.gather(x, 1, j), w[i - 2]),
-        (torch.randn(10, 4), torch.tensor([1, 3, 9]), torch.randn(3, 5), torch.tensor([[0, 4], [1, 1], [2, 3]])),
+        (
+            torch.randn(10, 4),
+            torch.tensor([1, 3, 9]),
+            torch.randn(3, 5),
+            torch.tensor([[0, 4], [1, 1], [2, 3]]),
+        ),
         False,
     ),
     "scatter": (
@@ -100,7 +113,13 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
     ),
     "normal": (lambda x: torch.randn_like(x) * 2 + x, (torch.randn(64, 33),), False),
     "bf16": (
-        lambda x, y: (x.float().sum(1).to(torch.bfloat16), x * 2 + y, x.half(), x.amax(0), y.argmax(1)),
+        lambda x, y: (
+            x.float().sum(1).to(torch.bfloat16),
+            x * 2 + y,
+            x.half(),
+            x.amax(0),
+            y.argmax(1),
+        ),
         (torch.randn(9, 40).to(torch.bfloat16), torch.randn(9, 40).to(torch.bfloat16)),
         False,
     ),
@@ -110,7 +129,15 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
         False,
     ),
     "integers": (
-        lambda a, b: (a * b + 3, a // b, a % b, (a & 12) ^ b, a.sum(0), torch.maximum(a, b), a.to(torch.int8) * 3),
+        lambda a, b: (
+            a * b + 3,
+            a // b,
+            a % b,
+            (a & 12) ^ b,
+            a.sum(0),
+            torch.maximum(a, b),
+            a.to(torch.int8) * 3,
+        ),
         (torch.randint(-50, 50, (6, 8)), torch.tensor([1, -2, 3, -4, 5, 7, -9, 11])),
         False,
     ),
@@ -128,7 +155,9 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
 }
 
 # Inputs to run dynamic cases with, besides the traced example.
-OTHER_INPUTS = {"dynamic": [(torch.randn(5, 11), torch.randn(11)), (torch.randn(3, 20000), torch.randn(20000))]}
+OTHER_INPUTS = {
+    "dynamic": [(torch.randn(5, 11), torch.randn(11)), (torch.randn(3, 20000), torch.randn(20000))]
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -160,7 +189,9 @@ def _flatten(tree: Any) -> list[Any]:
     return [tree]
 
 
-def _assert_same(got: Any, want: Any, *, exact: bool = False, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+def _assert_same(
+    got: Any, want: Any, *, exact: bool = False, rtol: float = 1e-5, atol: float = 1e-5
+) -> None:
     got_leaves, want_leaves = _flatten(got), _flatten(want)
     assert len(got_leaves) == len(want_leaves)
     for g, w in zip(got_leaves, want_leaves, strict=True):
@@ -175,7 +206,9 @@ RANDOM = {"uniform", "normal"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_case_matches_interpreter_and_eager(name: str, traced: dict[str, Case], compiled: dict[str, Any]) -> None:
+def test_case_matches_interpreter_and_eager(
+    name: str, traced: dict[str, Case], compiled: dict[str, Any]
+) -> None:
     case = traced[name]
     assert case.kernels, "the case should produce fused kernels"
     for args in [case.args, *OTHER_INPUTS.get(name, [])]:

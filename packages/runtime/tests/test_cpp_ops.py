@@ -4,8 +4,6 @@ rounding, negative operands for floor division and modulo). One compile for all.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import sympy
 import torch
@@ -33,7 +31,9 @@ def _inputs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.cat([torch.tensor(FLOATS[::-1]), torch.randn(N - len(FLOATS), generator=g)])
         return x.to(dtype), y.to(dtype)
     x = torch.randint(-60, 60, (N,), generator=g, dtype=dtype)
-    y = torch.randint(1, 7, (N,), generator=g, dtype=dtype) * (torch.randint(0, 2, (N,), generator=g) * 2 - 1).to(dtype)
+    y = torch.randint(1, 7, (N,), generator=g, dtype=dtype) * (
+        torch.randint(0, 2, (N,), generator=g) * 2 - 1
+    ).to(dtype)
     return x, y
 
 
@@ -69,7 +69,10 @@ def _kernel(dtype: torch.dtype) -> tuple[FusedKernel, dict[str, torch.Tensor], l
         want = _reference(op, x, y)
         if want is None:
             continue
-        shift = op in ("bitwise_left_shift", "bitwise_right_shift", "pow") and not dtype.is_floating_point
+        shift = (
+            op in ("bitwise_left_shift", "bitwise_right_shift", "pow")
+            and not dtype.is_floating_point
+        )
         loads = (Load("x", I0, dtype), Load("yabs" if shift else "y", I0, dtype))
         args = loads[:1] if op in UNARY else loads
         body = Op(op, args, torch.bool if op in BOOL_RESULT else dtype)
@@ -81,16 +84,22 @@ def _kernel(dtype: torch.dtype) -> tuple[FusedKernel, dict[str, torch.Tensor], l
         ranges=(sympy.Integer(N),),
         reduction_ranges=(),
         members=tuple(members),
-        inputs=tuple(sorted({n.buffer for m in members for n in walk(m.body) if isinstance(n, Load)})),
+        inputs=tuple(
+            sorted({n.buffer for m in members for n in walk(m.body) if isinstance(n, Load)})
+        ),
         outputs=tuple(m.name for m in members),
     )
     return kernel, expected, [m.name for m in members]
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[FusedKernel, dict[str, torch.Tensor]]]:
+def swept(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[FusedKernel, dict[str, torch.Tensor]]]:
     built = {str(d): _kernel(d) for d in DTYPES}
-    compiled = compile_cpp_kernels([k for k, _, _ in built.values()], cache_dir=tmp_path_factory.mktemp("ops"))
+    compiled = compile_cpp_kernels(
+        [k for k, _, _ in built.values()], cache_dir=tmp_path_factory.mktemp("ops")
+    )
     results = {}
     for dtype in DTYPES:
         kernel, expected, names = built[str(dtype)]
@@ -107,7 +116,9 @@ TOLERANCE = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.float64: dict(rtol
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_every_op_matches_torch(dtype: torch.dtype, swept: dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]) -> None:
+def test_every_op_matches_torch(
+    dtype: torch.dtype, swept: dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]
+) -> None:
     outs, expected = swept[str(dtype)]
     failures = []
     for name, want in expected.items():
@@ -122,6 +133,8 @@ def test_every_op_matches_torch(dtype: torch.dtype, swept: dict[str, tuple[dict[
     assert not failures, "\n".join(failures)
 
 
-def test_sweep_covers_the_table(swept: dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]) -> None:
+def test_sweep_covers_the_table(
+    swept: dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]],
+) -> None:
     tested = {name.removeprefix("o_") for outs, _ in swept.values() for name in outs}
     assert tested == set(OP_FORMATS)

@@ -48,7 +48,7 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
               const float t1 = in_x_1[100*i0 + r0];
               const float t2 = a_buf0_0;
               const float t3 = t1 - t2;
-              const float t4 = std::exp(t3);
+              const float t4 = ember::exp(t3);
               l_buf1_0[l] = l_buf1_0[l] + t4;
             }
           }
@@ -71,7 +71,7 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
               const float t5 = in_x_1[100*i0 + r0];
               const float t6 = a_buf0_0;
               const float t7 = t5 - t6;
-              const float t8 = std::exp(t7);
+              const float t8 = ember::exp(t7);
               const float t9 = a_buf1_0;
               const float t10 = t8 / t9;
               const float t11 = in_w_1[r0];

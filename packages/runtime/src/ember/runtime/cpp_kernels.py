@@ -109,7 +109,9 @@ class CppKernel:
     def __call__(self, *args: Any) -> None:
         if len(args) != self.arity:
             names = ", ".join(a.name for a in self.info.arguments)
-            raise TypeError(f"kernel {self.name} takes {self.arity} arguments ({names}), got {len(args)}")
+            raise TypeError(
+                f"kernel {self.name} takes {self.arity} arguments ({names}), got {len(args)}"
+            )
         self.unit.sync_threads()
         pointers = [t.untyped_storage().data_ptr() for t in args[: self.buffers]]
         self.function(*pointers, *(int(s) for s in args[self.buffers :]))
@@ -129,7 +131,7 @@ def compile_cpp_source(source: CppSource, *, cache_dir: Path) -> CompiledUnit:
     directory.mkdir(parents=True, exist_ok=True)
     library = directory / f"k{key}.so"
     seconds = 0.0
-    flags = (*BASE_FLAGS, *NATIVE_FLAGS)
+    flags: tuple[str, ...] = (*BASE_FLAGS, *NATIVE_FLAGS)
     if not library.exists():
         start = time.perf_counter()
         flags = _build(compiler, source.source, directory, library)

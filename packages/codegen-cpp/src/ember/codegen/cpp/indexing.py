@@ -104,7 +104,9 @@ class _IndexPrinter:
     def _modular(self, expr: sympy.Expr) -> str:
         x, divisor, modulus = expr.args
         if _nonnegative(x) and divisor.is_positive and modulus.is_positive:
-            quotient = self._atom(x) if divisor == 1 else f"({self._atom(x)} / {self._atom(divisor)})"
+            quotient = (
+                self._atom(x) if divisor == 1 else f"({self._atom(x)} / {self._atom(divisor)})"
+            )
             return f"({quotient} % {self._atom(modulus)})"
         quotient = f"ember::floordiv_i({self.show(x)}, {self.show(divisor)})"
         return f"ember::mod_i({quotient}, {self.show(modulus)})"

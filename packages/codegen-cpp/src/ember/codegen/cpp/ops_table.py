@@ -26,7 +26,7 @@ OP_FORMATS: dict[str, str] = {
     "relu": "ember::relu({0})",
     "square": "{0} * {0}",
     # unary, floating point
-    "exp": "std::exp({0})",
+    "exp": "ember::exp({0})",
     "exp2": "std::exp2({0})",
     "expm1": "std::expm1({0})",
     "log": "std::log({0})",
@@ -48,7 +48,7 @@ OP_FORMATS: dict[str, str] = {
     "asinh": "std::asinh({0})",
     "acosh": "std::acosh({0})",
     "atanh": "std::atanh({0})",
-    "sigmoid": "1 / (1 + std::exp(-{0}))",
+    "sigmoid": "1 / (1 + ember::exp(-{0}))",
     "erf": "std::erf({0})",
     "erfc": "std::erfc({0})",
     "erfinv": "ember::erfinv({0})",

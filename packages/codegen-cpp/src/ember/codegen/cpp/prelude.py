@@ -100,6 +100,29 @@ inline int64_t mod_i(int64_t a, int64_t b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 
+// exp in float, written so that `omp simd` loops vectorise it (libm's expf is a call
+// the vectoriser cannot see through): Cody-Waite reduction by ln 2, a degree-6
+// polynomial on [-ln2/2, ln2/2] (Cephes' expf coefficients), scaling by 2^k in two
+// steps so that results near the overflow and subnormal ends come out right. ~1 ulp.
+inline float exp(float x) {
+  x = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);  // NaN passes through
+  float k = std::nearbyint(x * 1.44269504088896341f);
+  k = x != x ? 0.0f : k;
+  float r = x - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float e = p * r * r + r + 1.0f;
+  int32_t n = int32_t(k);
+  int32_t half = n >> 1;
+  return e * bits_f32(uint32_t(half + 127) << 23) * bits_f32(uint32_t(n - half + 127) << 23);
+}
+inline double exp(double x) { return std::exp(x); }
+
 // Ops whose torch semantics take more than one C++ expression.
 template <class T> inline T maximum(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) return (b > a || b != b) ? b : a;
@@ -238,11 +261,13 @@ template <class T> inline bool arg_better_min(T v, int64_t i, T best, int64_t at
 }
 template <class T> inline bool arg_take_max(T x, T best, int64_t at) {
   // a lane sees increasing indices, so only a strictly better value (or a first NaN) wins
-  if constexpr (std::is_floating_point_v<T>) return (at < 0) | ((best == best) & ((x > best) | (x != x)));
+  if constexpr (std::is_floating_point_v<T>)
+    return (at < 0) | ((best == best) & ((x > best) | (x != x)));
   else return (at < 0) | (x > best);
 }
 template <class T> inline bool arg_take_min(T x, T best, int64_t at) {
-  if constexpr (std::is_floating_point_v<T>) return (at < 0) | ((best == best) & ((x < best) | (x != x)));
+  if constexpr (std::is_floating_point_v<T>)
+    return (at < 0) | ((best == best) & ((x < best) | (x != x)));
   else return (at < 0) | (x < best);
 }
 template <class T> inline void welford_combine(T& mean, T& m2, T& n, T mean_b, T m2_b, T n_b) {

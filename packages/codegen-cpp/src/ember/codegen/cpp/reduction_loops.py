@@ -39,8 +39,14 @@ from ember.scheduler.indexing import affine_coefficient
 LANES = 16  # ember::kLanes
 SPLIT_MIN = 4096  # ember::kSplitMin
 MAX_THREADS = 256  # ember::kMaxThreads
-SPLIT = "const bool ember_split = ember_outer < omp_get_max_threads() && ember_inner >= ember::kSplitMin;"
+SPLIT = (
+    "const bool ember_split = "
+    "ember_outer < omp_get_max_threads() && ember_inner >= ember::kSplitMin;"
+)
 THREADS = "#pragma omp parallel num_threads(std::min(omp_get_max_threads(), ember::kMaxThreads))"
+
+Rules = list[tuple[KernelMember, ReductionRule, str]]  # member, its rule, accumulator type
+Fields = list[tuple[str, str, str]]  # state variable suffix, C++ type, initial value
 
 
 def phases(kernel: FusedKernel) -> list[list[KernelMember]]:
@@ -96,7 +102,9 @@ class ReductionEmitter:
         bounds = [size(e, r) for r in ranges]
         if self.column:
             variables[-1] = "ib"
-            e.line(f"const int64_t ember_blocks = ({bounds[-1]} + ember::kLanes - 1) / ember::kLanes;")
+            e.line(
+                f"const int64_t ember_blocks = ({bounds[-1]} + ember::kLanes - 1) / ember::kLanes;"
+            )
             bounds[-1] = "ember_blocks"
             outer = " * ".join(bounds)
         else:
@@ -110,7 +118,8 @@ class ReductionEmitter:
         params = "".join(f"int64_t {v}, " for v in variables)
         with e.block(f"auto ember_point = [&]({params}bool split)", close="};"):
             if self.column:
-                e.line(f"const int64_t ln = std::min<int64_t>(ember::kLanes, {size(e, ranges[-1])} - ib);")
+                last = size(e, ranges[-1])
+                e.line(f"const int64_t ln = std::min<int64_t>(ember::kLanes, {last} - ib);")
             for members in phases(kernel):
                 self._phase(members)
             self._outer_members()
@@ -138,7 +147,7 @@ class ReductionEmitter:
 
     # -- one pass ---------------------------------------------------------------------
 
-    def _rules(self, members: Sequence[KernelMember]) -> list[tuple[KernelMember, ReductionRule, str]]:
+    def _rules(self, members: Sequence[KernelMember]) -> Rules:
         found = []
         for member in members:
             if member.kind != REDUCTION:
@@ -151,7 +160,7 @@ class ReductionEmitter:
             found.append((member, rule, ctype))
         return found
 
-    def _fields(self, rules: list[tuple[KernelMember, ReductionRule, str]]) -> list[tuple[str, str, str]]:
+    def _fields(self, rules: Rules) -> Fields:
         """(name suffix, C++ type, init) of every state field of the pass."""
         return [
             (f"{member.name}_{j}", ftype.format(T=ctype), init)
@@ -166,7 +175,7 @@ class ReductionEmitter:
         lane = "[ember::kLanes]" if self.column else ""
         at = "[l]" if self.column else ""
         e.line("// pass over the reduction: " + ", ".join(m.name for m in members))
-        for name, ftype, init in fields:
+        for name, ftype, _ in fields:
             e.line(f"{ftype} a_{name}{lane};")
         self._init(fields, "a", at)
         with e.block(""):
@@ -184,7 +193,7 @@ class ReductionEmitter:
                 e.line(f"ember_run(0, {size(e, self.kernel.reduction_ranges[0])}{args});")
         self._finish(rules)
 
-    def _init(self, fields: list[tuple[str, str, str]], prefix: str, at: str, lanes: bool = True) -> None:
+    def _init(self, fields: Fields, prefix: str, at: str, lanes: bool = True) -> None:
         if not fields:
             return
         if at and lanes:
@@ -200,7 +209,12 @@ class ReductionEmitter:
         terms = [index_var("r", d) * product(dims[d + 1 :]) for d in range(self.m)]
         return self.e.ctx.index(sympy.expand(sympy.Add(*terms)))
 
-    def _evaluate(self, members: list[KernelMember], rules: list[tuple[KernelMember, ReductionRule, str]], state: str) -> None:
+    def _evaluate(
+        self,
+        members: list[KernelMember],
+        rules: Rules,
+        state: str,
+    ) -> None:
         """The pass's bodies at one point: reductions update `state`, inner pointwise
         members store."""
         e = self.e
@@ -216,7 +230,7 @@ class ReductionEmitter:
             e.line(rule.update.format(x=value, r=self._linear(), T=ctype, **slots))
         e.ctx.member = None
 
-    def _row_loops(self, members, rules, fields) -> None:  # type: ignore[no-untyped-def]
+    def _row_loops(self, members: list[KernelMember], rules: Rules, fields: Fields) -> None:
         e = self.e
         ranges = self.kernel.reduction_ranges
         for name, ftype, _ in fields:
@@ -224,35 +238,38 @@ class ReductionEmitter:
         self._init(fields, "l", "[l]")
         last = self.m - 1
         lo, hi = ("r_lo", "r_hi") if self.m == 1 else ("0", size(e, ranges[-1]))
-        with e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)") if self.m > 1 else e.block(""):
-            with nested_loops(e, [f"r{d}" for d in range(1, last)], [size(e, r) for r in ranges[1:last]]):
-                with e.block(f"for (int64_t rb = {lo}; rb < {hi}; rb += ember::kLanes)"):
-                    e.line(f"const int64_t rn = std::min<int64_t>(ember::kLanes, {hi} - rb);")
-                    e.line("#pragma omp simd")
-                    with e.block("for (int64_t l = 0; l < rn; ++l)"):
-                        e.line(f"const int64_t r{last} = rb + l;")
-                        self._evaluate(members, rules, "l")
+        outermost = e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)" if self.m > 1 else "")
+        middle = [f"r{d}" for d in range(1, last)]
+        chunks = e.block(f"for (int64_t rb = {lo}; rb < {hi}; rb += ember::kLanes)")
+        with outermost, nested_loops(e, middle, [size(e, r) for r in ranges[1:last]]), chunks:
+            e.line(f"const int64_t rn = std::min<int64_t>(ember::kLanes, {hi} - rb);")
+            e.line("#pragma omp simd")
+            with e.block("for (int64_t l = 0; l < rn; ++l)"):
+                e.line(f"const int64_t r{last} = rb + l;")
+                self._evaluate(members, rules, "l")
         if fields:
             with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
                 self._combine(rules, "s", "", "l", "[l]")
 
-    def _column_loops(self, members, rules) -> None:  # type: ignore[no-untyped-def]
+    def _column_loops(self, members: list[KernelMember], rules: Rules) -> None:
         e = self.e
         ranges = self.kernel.reduction_ranges
-        with e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)"):
-            with nested_loops(e, [f"r{d}" for d in range(1, self.m)], [size(e, r) for r in ranges[1:]]):
-                e.line("#pragma omp simd")
-                with e.block("for (int64_t l = 0; l < ln; ++l)"):
-                    e.line(f"const int64_t i{self.n - 1} = ib + l;")
-                    self._evaluate(members, rules, "s")
+        with (
+            e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)"),
+            nested_loops(e, [f"r{d}" for d in range(1, self.m)], [size(e, r) for r in ranges[1:]]),
+        ):
+            e.line("#pragma omp simd")
+            with e.block("for (int64_t l = 0; l < ln; ++l)"):
+                e.line(f"const int64_t i{self.n - 1} = ib + l;")
+                self._evaluate(members, rules, "s")
 
-    def _combine(self, rules, a: str, a_at: str, b: str, b_at: str) -> None:  # type: ignore[no-untyped-def]
+    def _combine(self, rules: Rules, a: str, a_at: str, b: str, b_at: str) -> None:
         for member, rule, ctype in rules:
             slots = {f"a{j}": f"{a}_{member.name}_{j}{a_at}" for j in range(len(rule.fields))}
             slots |= {f"b{j}": f"{b}_{member.name}_{j}{b_at}" for j in range(len(rule.fields))}
             self.e.line(rule.combine.format(T=ctype, **slots))
 
-    def _drive(self, fields: list[tuple[str, str, str]], rules) -> None:  # type: ignore[no-untyped-def]
+    def _drive(self, fields: Fields, rules: Rules) -> None:
         """Run the pass over the whole reduction, or split over threads."""
         e = self.e
         first = size(e, self.kernel.reduction_ranges[0])
@@ -281,7 +298,7 @@ class ReductionEmitter:
         with e.block("else"):
             e.line(f"ember_run(0, {first}{args});")
 
-    def _finish(self, rules) -> None:  # type: ignore[no-untyped-def]
+    def _finish(self, rules: Rules) -> None:
         """Register the pass's results for later loads, and store the stored ones."""
         e = self.e
         at = "[l]" if self.column else ""
@@ -305,7 +322,9 @@ class ReductionEmitter:
             values = self.e.ctx.local_values[member.name]
             store(self.e, member, values[0], member.index)
             if len(values) > 1:  # welford: M2 next to the mean
-                store(self.e, member, values[1], sympy.expand(member.index + member.layout.stride[-1]))
+                store(
+                    self.e, member, values[1], sympy.expand(member.index + member.layout.stride[-1])
+                )
 
     def _outer_members(self) -> None:
         e = self.e
