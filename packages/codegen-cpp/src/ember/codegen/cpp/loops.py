@@ -119,23 +119,22 @@ def emit_scatter(e: Emitter) -> None:
         e.raw("#endif")
         assert member.mutates is not None
         element = f"{e.pointer(member.mutates, dtype)}[at]"
-        if reduce is None:
-            if atomic:
-                e.line("#pragma omp atomic write")
-            e.line(f"{element} = {store_value(dtype, value)};")
-            return
-        if reduce == "sum" and atomic:
-            e.line("#pragma omp atomic")
-            e.line(f"{element} += {value};")
-            return
         old = load_value(dtype, element)
         combined = {
+            None: value,
             "sum": f"{old} + {value}",
             "prod": f"{old} * {value}",
             "max": f"ember::maximum<{e.ctx.ctype(dtype)}>({old}, {value})",
             "min": f"ember::minimum<{e.ctx.ctype(dtype)}>({old}, {value})",
-        }.get(reduce)
-        if combined is None:
+        }
+        if reduce not in combined:
             raise e.ctx.error(f"scatter reduction {reduce!r}")
-        e.line(f"{element} = {store_value(dtype, combined)};")
+        if atomic and reduce is None:
+            e.line("#pragma omp atomic write")
+            e.line(f"{element} = {value};")
+        elif atomic:
+            e.line("#pragma omp atomic")
+            e.line(f"{element} += {value};")
+        else:
+            e.line(f"{element} = {store_value(dtype, combined[reduce])};")
     e.ctx.member = None
