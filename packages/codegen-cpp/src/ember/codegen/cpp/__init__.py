@@ -1,11 +1,41 @@
 """ember.codegen.cpp: C++/OpenMP kernel source for Ember's fused kernels (CPUs).
 
-Renders the scheduler's fused kernels into one C++17 translation unit per graph. It
-renders text only; the runtime compiles (with the system compiler) and loads. Until
-the scheduler forms fused kernels every step is an extern call, so this layer
-currently describes the device family it serves.
+Renders the scheduler's fused kernels (ember.scheduler.FusedKernel) into one C++17
+translation unit per graph: standard headers only, OpenMP-parallel outer loops,
+`omp simd` inner loops, reductions with per-lane and per-thread partials. It renders
+text and call metadata only; the runtime (ember.runtime.cpp_kernels) compiles with
+the system compiler, loads and calls.
+
+Files in processing order: render.py (entry point, signatures), loops.py (pointwise
+and scatter loop nests), reduction_loops.py (reduction passes), reductions.py
+(accumulator rules), emitter.py (body DAG -> C++ statements), ops_table.py (one line
+of C++ per op), indexing.py (sympy index -> C++), dtypes.py, prelude.py, errors.py.
 """
 
+from ember.codegen.cpp.errors import CppRenderError
+from ember.codegen.cpp.ops_table import OP_FORMATS, UNSUPPORTED_OPS
+from ember.codegen.cpp.prelude import PRELUDE
+from ember.codegen.cpp.render import (
+    CppSource,
+    KernelArgument,
+    KernelInfo,
+    kernel_arguments,
+    render_kernel,
+    render_kernels,
+)
 from ember.codegen.cpp.target import CppTarget, cpp_target
 
-__all__ = ["CppTarget", "cpp_target"]
+__all__ = [
+    "OP_FORMATS",
+    "PRELUDE",
+    "UNSUPPORTED_OPS",
+    "CppRenderError",
+    "CppSource",
+    "CppTarget",
+    "KernelArgument",
+    "KernelInfo",
+    "cpp_target",
+    "kernel_arguments",
+    "render_kernel",
+    "render_kernels",
+]

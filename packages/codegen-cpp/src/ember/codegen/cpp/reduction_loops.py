@@ -1,0 +1,347 @@
+"""Loop nests of reduction kernels (with their prologues and epilogues).
+
+A reduction kernel's members run in *phases*: one pass over the reduction ranges
+evaluates consecutive inner members (reductions, pointwise members over the inner
+points) until a member reads a reduction of the current pass (softmax: max, then sum
+of exp(x - max), then the division: three passes). Pointwise members over the outer
+points only read finished reductions, so they run after the last pass.
+
+Two loop shapes, chosen by which index is contiguous in the loads:
+
+- *row* (the innermost reduction variable is contiguous, e.g. a sum over the last
+  axis): outer points in parallel; each pass keeps `ember::kLanes` accumulators, one
+  per vector lane, over chunks of the innermost reduction variable, then combines
+  the lanes in order.
+- *column* (the innermost outer variable is contiguous, e.g. a sum over axis 0):
+  blocks of `kLanes` consecutive outer points in parallel; each lane accumulates one
+  outer point while the reduction variables advance, so every load is contiguous.
+
+When there are fewer outer work items than threads and the reduction is long, each
+pass splits the outermost reduction variable over the threads, each thread with its
+own partial state, combined in thread order afterwards (per-thread partials).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sympy
+
+from ember.codegen.cpp.dtypes import round_to
+from ember.codegen.cpp.emitter import Emitter
+from ember.codegen.cpp.loops import nested_loops, parallel_pragma, size, store, work
+from ember.codegen.cpp.reductions import ReductionRule, reduction_rule
+from ember.ir import Load, walk
+from ember.ir.symbolic import index_var, product, static_int
+from ember.scheduler import POINTWISE, REDUCTION, FusedKernel, KernelMember
+from ember.scheduler.indexing import affine_coefficient
+
+LANES = 16  # ember::kLanes
+SPLIT_MIN = 4096  # ember::kSplitMin
+MAX_THREADS = 256  # ember::kMaxThreads
+SPLIT = (
+    "const bool ember_split = "
+    "ember_outer < omp_get_max_threads() && ember_inner >= ember::kSplitMin;"
+)
+THREADS = "#pragma omp parallel num_threads(std::min(omp_get_max_threads(), ember::kMaxThreads))"
+
+Rules = list[tuple[KernelMember, ReductionRule, str]]  # member, its rule, accumulator type
+Fields = list[tuple[str, str, str]]  # state variable suffix, C++ type, initial value
+
+
+def phases(kernel: FusedKernel) -> list[list[KernelMember]]:
+    """The inner members grouped into passes over the reduction ranges."""
+    passes: list[list[KernelMember]] = []
+    current: list[KernelMember] = []
+    for member in kernel.members:
+        if member.kind == POINTWISE and not member.over_reduction:
+            continue
+        reads = {n.buffer for n in walk(member.body) if isinstance(n, Load)}
+        if reads & {m.name for m in current if m.kind == REDUCTION}:
+            passes.append(current)
+            current = []
+        current.append(member)
+    if current:
+        passes.append(current)
+    return passes
+
+
+def column_layout(kernel: FusedKernel) -> bool:
+    """True when more loads are contiguous along the innermost outer variable than
+    along the innermost reduction variable."""
+    if not kernel.ranges or (static_int(kernel.ranges[-1]) or 64) < 4:
+        return False
+    outer = index_var("i", len(kernel.ranges) - 1)
+    inner = index_var("r", len(kernel.reduction_ranges) - 1)
+    local = kernel.local_reductions
+    score = 0
+    for member in kernel.members:
+        for node in walk(member.body):
+            if isinstance(node, Load) and node.buffer not in local:
+                if affine_coefficient(node.index, inner) == 1:
+                    score -= 1
+                elif affine_coefficient(node.index, outer) == 1:
+                    score += 1
+    return score > 0
+
+
+class ReductionEmitter:
+    """Emits one reduction kernel's body."""
+
+    def __init__(self, e: Emitter) -> None:
+        self.e = e
+        self.kernel = e.ctx.kernel
+        self.column = column_layout(self.kernel)
+        self.n = len(self.kernel.ranges)
+        self.m = len(self.kernel.reduction_ranges)
+
+    def emit(self) -> None:
+        e, kernel = self.e, self.kernel
+        ranges = list(kernel.ranges)
+        variables = [f"i{d}" for d in range(self.n)]
+        bounds = [size(e, r) for r in ranges]
+        if self.column:
+            variables[-1] = "ib"
+            e.line(
+                f"const int64_t ember_blocks = ({bounds[-1]} + ember::kLanes - 1) / ember::kLanes;"
+            )
+            bounds[-1] = "ember_blocks"
+            outer = " * ".join(bounds)
+        else:
+            outer = work(e, ranges)
+        e.line(f"const int64_t ember_outer = {outer};")
+        e.line(f"const int64_t ember_inner = {work(e, kernel.reduction_ranges)};")
+        if self._may_split():
+            e.line(SPLIT)
+        else:
+            e.line("const bool ember_split = false;  // too little work to split over threads")
+        params = "".join(f"int64_t {v}, " for v in variables)
+        with e.block(f"auto ember_point = [&]({params}bool split)", close="};"):
+            if self.column:
+                last = size(e, ranges[-1])
+                e.line(f"const int64_t ln = std::min<int64_t>(ember::kLanes, {last} - ib);")
+            for members in phases(kernel):
+                self._phase(members)
+            self._outer_members()
+        if self.n == 0:
+            e.line("ember_point(ember_split);")
+            return
+        loop_vars = [*variables[:-1], "ibk" if self.column else variables[-1]]
+        args = [*variables[:-1], "ibk * ember::kLanes" if self.column else variables[-1]]
+        call = "ember_point(" + "".join(f"{a}, " for a in args)
+        with e.block("if (ember_split)"), nested_loops(e, loop_vars, bounds):
+            e.line(call + "true);")
+        with e.block("else"):
+            parallel_pragma(e, [*ranges, *kernel.reduction_ranges], self.n)
+            with nested_loops(e, loop_vars, bounds):
+                e.line(call + "false);")
+
+    def _may_split(self) -> bool:
+        """Whether per-thread partials can ever pay off (decided at run time)."""
+        kernel = self.kernel
+        inner = static_int(sympy.expand(product(kernel.reduction_ranges)))
+        outer = static_int(sympy.expand(product(kernel.ranges))) if kernel.ranges else 1
+        if self.column and outer is not None:
+            outer = -(-outer // LANES)
+        return (inner is None or inner >= SPLIT_MIN) and (outer is None or outer < MAX_THREADS)
+
+    # -- one pass ---------------------------------------------------------------------
+
+    def _rules(self, members: Sequence[KernelMember]) -> Rules:
+        found = []
+        for member in members:
+            if member.kind != REDUCTION:
+                continue
+            assert member.reduction is not None
+            ctype = self.e.ctx.ctype(member.body.dtype)
+            rule = reduction_rule(member.reduction, member.body.dtype, ctype)
+            if rule is None:
+                raise self.e.ctx.error(f"reduction {member.reduction!r}")
+            found.append((member, rule, ctype))
+        return found
+
+    def _fields(self, rules: Rules) -> Fields:
+        """(name suffix, C++ type, init) of every state field of the pass."""
+        return [
+            (f"{member.name}_{j}", ftype.format(T=ctype), init)
+            for member, rule, ctype in rules
+            for j, (ftype, init) in enumerate(rule.fields)
+        ]
+
+    def _phase(self, members: list[KernelMember]) -> None:
+        e = self.e
+        rules = self._rules(members)
+        fields = self._fields(rules)
+        lane = "[ember::kLanes]" if self.column else ""
+        at = "[l]" if self.column else ""
+        e.line("// pass over the reduction: " + ", ".join(m.name for m in members))
+        for name, ftype, _ in fields:
+            e.line(f"{ftype} a_{name}{lane};")
+        self._init(fields, "a", at)
+        with e.block(""):
+            ref = "*" if self.column else "&"
+            params = "".join(f", {ftype}{ref} s_{name}" for name, ftype, _ in fields)
+            with e.block(f"auto ember_run = [&](int64_t r_lo, int64_t r_hi{params})", close="};"):
+                if self.column:
+                    self._column_loops(members, rules)
+                else:
+                    self._row_loops(members, rules, fields)
+            if self._may_split():
+                self._drive(fields, rules)
+            else:
+                args = "".join(f", a_{name}" for name, _, _ in fields)
+                e.line(f"ember_run(0, {size(e, self.kernel.reduction_ranges[0])}{args});")
+        self._finish(rules)
+
+    def _init(self, fields: Fields, prefix: str, at: str, lanes: bool = True) -> None:
+        if not fields:
+            return
+        if at and lanes:
+            with self.e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+                for name, _, init in fields:
+                    self.e.line(f"{prefix}_{name}{at} = {init};")
+        else:
+            for name, _, init in fields:
+                self.e.line(f"{prefix}_{name}{at} = {init};")
+
+    def _linear(self) -> str:
+        dims = self.kernel.reduction_ranges
+        terms = [index_var("r", d) * product(dims[d + 1 :]) for d in range(self.m)]
+        return self.e.ctx.index(sympy.expand(sympy.Add(*terms)))
+
+    def _evaluate(
+        self,
+        members: list[KernelMember],
+        rules: Rules,
+        state: str,
+    ) -> None:
+        """The pass's bodies at one point: reductions update `state`, inner pointwise
+        members store."""
+        e = self.e
+        rule_of = {m.name: (rule, ctype) for m, rule, ctype in rules}
+        for member in members:
+            e.ctx.member = member.name
+            value = e.value(member.body)
+            if member.name not in rule_of:
+                store(e, member, value, member.index)
+                continue
+            rule, ctype = rule_of[member.name]
+            slots = {f"s{j}": f"{state}_{member.name}_{j}[l]" for j in range(len(rule.fields))}
+            e.line(rule.update.format(x=value, r=self._linear(), T=ctype, **slots))
+        e.ctx.member = None
+
+    def _row_loops(self, members: list[KernelMember], rules: Rules, fields: Fields) -> None:
+        e = self.e
+        ranges = self.kernel.reduction_ranges
+        for name, ftype, _ in fields:
+            e.line(f"{ftype} l_{name}[ember::kLanes];")
+        self._init(fields, "l", "[l]")
+        last = self.m - 1
+        lo, hi = ("r_lo", "r_hi") if self.m == 1 else ("0", size(e, ranges[-1]))
+        outermost = e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)" if self.m > 1 else "")
+        middle = [f"r{d}" for d in range(1, last)]
+        chunks = e.block(f"for (int64_t rb = {lo}; rb < {hi}; rb += ember::kLanes)")
+        with outermost, nested_loops(e, middle, [size(e, r) for r in ranges[1:last]]), chunks:
+            e.line(f"const int64_t rn = std::min<int64_t>(ember::kLanes, {hi} - rb);")
+            e.line("#pragma omp simd")
+            with e.block("for (int64_t l = 0; l < rn; ++l)"):
+                e.line(f"const int64_t r{last} = rb + l;")
+                self._evaluate(members, rules, "l")
+        if fields:
+            with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+                self._combine(rules, "s", "", "l", "[l]")
+
+    def _column_loops(self, members: list[KernelMember], rules: Rules) -> None:
+        e = self.e
+        ranges = self.kernel.reduction_ranges
+        with (
+            e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)"),
+            nested_loops(e, [f"r{d}" for d in range(1, self.m)], [size(e, r) for r in ranges[1:]]),
+        ):
+            e.line("#pragma omp simd")
+            with e.block("for (int64_t l = 0; l < ln; ++l)"):
+                e.line(f"const int64_t i{self.n - 1} = ib + l;")
+                self._evaluate(members, rules, "s")
+
+    def _combine(self, rules: Rules, a: str, a_at: str, b: str, b_at: str) -> None:
+        for member, rule, ctype in rules:
+            slots = {f"a{j}": f"{a}_{member.name}_{j}{a_at}" for j in range(len(rule.fields))}
+            slots |= {f"b{j}": f"{b}_{member.name}_{j}{b_at}" for j in range(len(rule.fields))}
+            self.e.line(rule.combine.format(T=ctype, **slots))
+
+    def _drive(self, fields: Fields, rules: Rules) -> None:
+        """Run the pass over the whole reduction, or split over threads."""
+        e = self.e
+        first = size(e, self.kernel.reduction_ranges[0])
+        lane = "[ember::kLanes]" if self.column else ""
+        args = "".join(f", a_{name}" for name, _, _ in fields)
+        with e.block("if (split)"):
+            for name, ftype, _ in fields:
+                e.line(f"{ftype} part_{name}[ember::kMaxThreads]{lane};")
+            e.line("int ember_nt = 1;")
+            e.line(THREADS)
+            with e.block(""):
+                e.line("const int t = omp_get_thread_num(), nt = omp_get_num_threads();")
+                e.line("if (t == 0) ember_nt = nt;")
+                if self.column:
+                    self._init(fields, "part", "[t][l]")
+                else:
+                    self._init(fields, "part", "[t]", lanes=False)
+                parts = "".join(f", part_{name}[t]" for name, _, _ in fields)
+                e.line(f"ember_run({first} * t / nt, {first} * (t + 1) / nt{parts});")
+            with e.block("for (int t = 0; t < ember_nt; ++t)"):
+                if self.column:
+                    with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+                        self._combine(rules, "a", "[l]", "part", "[t][l]")
+                else:
+                    self._combine(rules, "a", "", "part", "[t]")
+        with e.block("else"):
+            e.line(f"ember_run(0, {first}{args});")
+
+    def _finish(self, rules: Rules) -> None:
+        """Register the pass's results for later loads, and store the stored ones."""
+        e = self.e
+        at = "[l]" if self.column else ""
+        stored = [(m, rule) for m, rule, _ in rules if m.stored]
+        for member, rule, _ in rules:
+            e.ctx.local_values[member.name] = tuple(
+                round_to(member.dtype, f"a_{member.name}_{j}{at}") for j in rule.results
+            )
+        if not stored:
+            return
+        if self.column:
+            e.line("#pragma omp simd")
+            with e.block("for (int64_t l = 0; l < ln; ++l)"):
+                e.line(f"const int64_t i{self.n - 1} = ib + l;")
+                self._store_results(stored)
+        else:
+            self._store_results(stored)
+
+    def _store_results(self, stored: list[tuple[KernelMember, ReductionRule]]) -> None:
+        for member, _ in stored:
+            values = self.e.ctx.local_values[member.name]
+            store(self.e, member, values[0], member.index)
+            if len(values) > 1:  # welford: M2 next to the mean
+                store(
+                    self.e, member, values[1], sympy.expand(member.index + member.layout.stride[-1])
+                )
+
+    def _outer_members(self) -> None:
+        e = self.e
+        outer = [m for m in self.kernel.members if m.kind == POINTWISE and not m.over_reduction]
+        if not outer:
+            return
+        e.line("// pointwise members over the outer points")
+        if self.column:
+            e.line("#pragma omp simd")
+            with e.block("for (int64_t l = 0; l < ln; ++l)"):
+                e.line(f"const int64_t i{self.n - 1} = ib + l;")
+                self._outer_bodies(outer)
+        else:
+            self._outer_bodies(outer)
+
+    def _outer_bodies(self, members: list[KernelMember]) -> None:
+        for member in members:
+            self.e.ctx.member = member.name
+            store(self.e, member, self.e.value(member.body), member.index)
+        self.e.ctx.member = None

@@ -1,0 +1,67 @@
+// k0_red_var_mean: [4] over [8]: buf0 welford
+extern "C" void k0_red_var_mean(const uint16_t* __restrict__ in_x_1, float* __restrict__ out_buf0) {
+  const int64_t ember_outer = 4;
+  const int64_t ember_inner = 8;
+  const bool ember_split = false;  // too little work to split over threads
+  auto ember_point = [&](int64_t i0, bool split) {
+    // pass over the reduction: buf0
+    float a_buf0_0;
+    float a_buf0_1;
+    float a_buf0_2;
+    a_buf0_0 = 0;
+    a_buf0_1 = 0;
+    a_buf0_2 = 0;
+    {
+      auto ember_run = [&](int64_t r_lo, int64_t r_hi, float& s_buf0_0, float& s_buf0_1, float& s_buf0_2) {
+        float l_buf0_0[ember::kLanes];
+        float l_buf0_1[ember::kLanes];
+        float l_buf0_2[ember::kLanes];
+        for (int64_t l = 0; l < ember::kLanes; ++l) {
+          l_buf0_0[l] = 0;
+          l_buf0_1[l] = 0;
+          l_buf0_2[l] = 0;
+        }
+        {
+          for (int64_t rb = r_lo; rb < r_hi; rb += ember::kLanes) {
+            const int64_t rn = std::min<int64_t>(ember::kLanes, r_hi - rb);
+            #pragma omp simd
+            for (int64_t l = 0; l < rn; ++l) {
+              const int64_t r0 = rb + l;
+              const float t0 = ember::bf16_to_float(in_x_1[8*i0 + r0]);
+              const float t1 = t0;
+              { l_buf0_2[l] = l_buf0_2[l] + 1; const float delta = t1 - l_buf0_0[l]; l_buf0_0[l] = l_buf0_0[l] + delta / l_buf0_2[l]; l_buf0_1[l] = l_buf0_1[l] + delta * (t1 - l_buf0_0[l]); }
+            }
+          }
+        }
+        for (int64_t l = 0; l < ember::kLanes; ++l) {
+          ember::welford_combine(s_buf0_0, s_buf0_1, s_buf0_2, l_buf0_0[l], l_buf0_1[l], l_buf0_2[l]);
+        }
+      };
+      ember_run(0, 8, a_buf0_0, a_buf0_1, a_buf0_2);
+    }
+    out_buf0[2*i0] = a_buf0_0;
+    out_buf0[2*i0 + 1] = a_buf0_1;
+  };
+  if (ember_split) {
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      ember_point(i0, true);
+    }
+  }
+  else {
+    for (int64_t i0 = 0; i0 < 4; ++i0) {
+      ember_point(i0, false);
+    }
+  }
+}
+
+// k1_pw_output: [4]: buf1 pointwise
+extern "C" void k1_pw_output(const float* __restrict__ in_buf0, uint16_t* __restrict__ out_buf1) {
+  #pragma omp simd
+  for (int64_t i0 = 0; i0 < 4; ++i0) {
+    const float t0 = in_buf0[2*i0 + 1];
+    const float t1 = 7.0f;
+    const float t2 = t0 / t1;
+    const float t3 = ember::round_bf16(static_cast<float>(t2));
+    out_buf1[i0] = ember::float_to_bf16(t3);
+  }
+}
