@@ -35,10 +35,14 @@ from ember.scheduler import ExternCall, KernelStep, Schedule, SelectOutput, sche
 Case = tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str, Any]]
 
 
-def _args(*shapes: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Callable[[str], list[Any]]:
+def _args(
+    *shapes: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> Callable[[str], list[Any]]:
     def make(device: str) -> list[Any]:
         g = torch.Generator().manual_seed(0)
-        return [torch.randn(s, generator=g, dtype=torch.float32).to(dtype).to(device) for s in shapes]
+        return [
+            torch.randn(s, generator=g, dtype=torch.float32).to(dtype).to(device) for s in shapes
+        ]
 
     return make
 
@@ -88,7 +92,11 @@ CASES: dict[str, Case] = {
     "welford": (_layer_norm, _args((6, 50), (50,), (50,)), {"atol": 1e-4}),
     "softmax": (_softmax_mix, _args((3, 5, 33), (33,), (33,)), {"atol": 1e-5}),
     "softmax_looped": (_softmax_mix, _args((3, 5, 33), (33,), (33,)), {"reduction": "looped"}),
-    "welford_looped": (_layer_norm, _args((6, 50), (50,), (50,)), {"reduction": "looped", "atol": 1e-4}),
+    "welford_looped": (
+        _layer_norm,
+        _args((6, 50), (50,), (50,)),
+        {"reduction": "looped", "atol": 1e-4},
+    ),
     "argmax_looped": (lambda x: x.argmax(-1), _nan_rows, {"reduction": "looped"}),
     "cat_pad": (
         lambda x, y: torch.nn.functional.pad(torch.cat([x, y], 1), (1, 2)) * 3,
@@ -109,7 +117,10 @@ CASES: dict[str, Case] = {
         {"atol": 1e-2, "rtol": 1e-2},
     ),
     "math": (
-        lambda x: (torch.log1p(x.abs()) + torch.erf(x) + torch.floor(x * 3) % 2, torch.sqrt(x.abs())),
+        lambda x: (
+            torch.log1p(x.abs()) + torch.erf(x) + torch.floor(x * 3) % 2,
+            torch.sqrt(x.abs()),
+        ),
         _args((33,)),
         {"atol": 1e-5},
     ),

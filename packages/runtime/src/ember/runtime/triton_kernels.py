@@ -19,6 +19,7 @@ libdevice calls served by torch (the interpreter has no libdevice) and no tuning
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -48,7 +49,9 @@ def compile_triton_kernels(
     propagate, so the caller can fall back for the graph."""
     launchers: dict[str, Callable[..., None]] = {}
     for kernel in kernels:
-        rendered = kernel if isinstance(kernel, TritonKernel) else render_kernel(kernel, debug=debug)
+        rendered = (
+            kernel if isinstance(kernel, TritonKernel) else render_kernel(kernel, debug=debug)
+        )
         module = load_kernel_module(rendered.source, Path(cache_dir))
         launchers[rendered.name] = TritonLauncher(rendered, module)
     return launchers
@@ -73,7 +76,7 @@ def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if interpreting() and hasattr(module, "libdevice"):
-        module.libdevice = InterpreterLibdevice()
+        module.libdevice = InterpreterLibdevice()  # type: ignore[attr-defined]  # generated module
     _modules[digest] = module
     return module
 
@@ -98,9 +101,7 @@ class TritonLauncher:
             i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.value_arguments
         }
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
-        self._written = {
-            i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written
-        }
+        self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
 
     def __call__(self, *args: Any) -> None:
         kernel = self.kernel
@@ -125,14 +126,19 @@ class TritonLauncher:
             int(t.item()) if i in self._values else storage_view(t) for i, t in enumerate(tensors)
         ]
         operands += sizes
-        operands += [tensors[i].untyped_storage().nbytes() // tensors[i].element_size() for i in self._bounds]
+        operands += [
+            tensors[i].untyped_storage().nbytes() // tensors[i].element_size() for i in self._bounds
+        ]
         return operands
 
     def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> None:
         named = dict(zip(self.kernel.size_arguments, sizes, strict=True))
         grid = self.kernel.launch_grid(config, named)
         self.fn[grid](
-            *operands, **dict(config.blocks), num_warps=config.num_warps, num_stages=config.num_stages
+            *operands,
+            **dict(config.blocks),
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
         )
 
     def _tune(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> LaunchConfig:
@@ -147,7 +153,7 @@ class TritonLauncher:
         best, best_ms = configs[0], float("inf")
         for config in configs:
             try:
-                ms = _time(lambda c=config: self._launch(c, operands, sizes))
+                ms = _time(functools.partial(self._launch, config, operands, sizes))
             except Exception:  # a config that does not compile (resources) is skipped
                 continue
             if ms < best_ms:
@@ -164,14 +170,14 @@ def _time(run: Callable[[], None], repeats: int = 10) -> float:
     """Median milliseconds of `run` on the current stream (after a compile + warm-up)."""
     run()
     run()
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
     for s, e in zip(start, end, strict=True):
         s.record()
         run()
         e.record()
     torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(start, end, strict=True))
+    times = sorted(float(s.elapsed_time(e)) for s, e in zip(start, end, strict=True))
     return times[len(times) // 2]
 
 
@@ -221,5 +227,8 @@ def _apply(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> Any:
     if not blocks:
         return tl.core.tensor(TensorHandle(result, first.dtype), first.dtype)
     shape = list(np.broadcast_shapes(*(tuple(b) for b in blocks)))
-    result = np.broadcast_to(result.reshape(result.shape[-len(shape) :] if result.ndim > len(shape) else result.shape), shape).copy()
+    result = np.broadcast_to(
+        result.reshape(result.shape[-len(shape) :] if result.ndim > len(shape) else result.shape),
+        shape,
+    ).copy()
     return tl.core.tensor(TensorHandle(result, first.dtype), tl.block_type(first.dtype, shape))

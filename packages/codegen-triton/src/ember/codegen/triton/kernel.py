@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from ember.codegen.triton.body import BodyRenderer, Scope
 from ember.codegen.triton.helpers import helper_source
 from ember.codegen.triton.plan import (
-    PERSISTENT,
     POINTWISE,
     POINTWISE_2D,
     SCATTER,

@@ -94,7 +94,7 @@ class GridSpec:
         compiled once: it runs on every launch."""
         cached = _GRID_FUNCTIONS.get(self.axes)
         if cached is None:
-            cached = eval(f"lambda sizes, blocks: {self.python()}")  # noqa: S307  # our own text
+            cached = eval(f"lambda sizes, blocks: {self.python()}")  # our own text
             _GRID_FUNCTIONS[self.axes] = cached
         return cached
 
@@ -304,7 +304,9 @@ def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConf
         for xb in xblocks:
             xb = max(1, min(xb, xcap, budget // rblock))
             elements = xb * rblock
-            warps = 16 if elements >= 8192 else 8 if elements >= 2048 else 4 if elements >= 256 else 2
+            warps = (
+                16 if elements >= 8192 else 8 if elements >= 2048 else 4 if elements >= 256 else 2
+            )
             add(warps, XBLOCK=xb, RBLOCK=rblock)
             if warps == 8 and elements >= 4096:
                 add(16, XBLOCK=xb, RBLOCK=rblock)

@@ -173,7 +173,7 @@ def upper_bound(expr: sympy.Basic, maxima: Mapping[sympy.Symbol, int]) -> int | 
     if isinstance(expr, sympy.Mul):
         return math.prod(values)
     if isinstance(expr, sympy.Pow):
-        return values[0] ** values[1]
+        return int(values[0] ** values[1])
     if isinstance(expr, FloorDiv):
         return values[0]
     if isinstance(expr, (sympy.Mod, PythonMod)):

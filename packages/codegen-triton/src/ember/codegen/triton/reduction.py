@@ -127,7 +127,9 @@ class ReductionRenderer:
             self.body.helpers.add(helper)
             results = [f"tl.reduce({masked}, 1, {helper})[:, None]"]
         elif kind in ("any", "all"):
-            results = [_any_all(kind, f"tl.where(xmask & rmask, ({value} != 0).to(tl.int32), {ident})")]
+            results = [
+                _any_all(kind, f"tl.where(xmask & rmask, ({value} != 0).to(tl.int32), {ident})")
+            ]
         elif kind in ("argmax", "argmin"):
             helper = f"ember_{kind}_combine"
             self.body.helpers.add(helper)
