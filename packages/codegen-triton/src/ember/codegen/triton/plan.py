@@ -311,7 +311,8 @@ def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConf
             if warps == 8 and elements >= 4096:
                 add(16, XBLOCK=xb, RBLOCK=rblock)
     elif _outer_contiguous(kernel):
-        for xb, rb, warps in ((64, 32, 4), (32, 64, 4), (128, 16, 4), (16, 128, 4)):
+        # narrow column blocks keep enough programs busy when there are few columns
+        for xb, rb, warps in ((64, 32, 4), (32, 64, 4), (16, 128, 4), (8, 256, 8)):
             add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
     else:
         for xb, rb, warps in ((1, 2048, 8), (1, 1024, 4), (1, 4096, 8), (4, 256, 4)):

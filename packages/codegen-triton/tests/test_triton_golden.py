@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import fused_kernels, randn
+from triton_cases import fused_kernels, randn
 
 from ember.codegen.triton import render_kernel
 from ember.scheduler import FusedKernel

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import sympy
 import torch
-from conftest import fused_kernels, randn
+from triton_cases import fused_kernels, randn
 
 from ember.codegen.triton import (
     TRITON_OPS,
