@@ -289,6 +289,30 @@ def test_kernel_kinds_are_covered(interpreter_results: dict[str, dict[str, Any]]
     assert expected <= kinds
 
 
+# -- launcher behaviour (no kernel runs) -------------------------------------------------
+
+
+def test_identical_sources_share_one_module(tmp_path: Path) -> None:
+    from ember.runtime.triton_kernels import compile_triton_kernels
+
+    x = torch.randn(8, 16)
+    _, first = _lower(lambda a: torch.softmax(a, -1), [x], False)
+    _, second = _lower(lambda a: torch.softmax(a, -1), [x], False)
+    launchers = compile_triton_kernels([*first.kernels, *second.kernels], cache_dir=tmp_path)
+    assert len(launchers) == 1  # same kernel name, same source
+    files = list((tmp_path / "triton").glob("*.py"))
+    assert len(files) == 1
+
+
+def test_launcher_checks_its_arguments(tmp_path: Path) -> None:
+    from ember.runtime.triton_kernels import compile_triton_kernels
+
+    _, schedule = _lower(lambda a: a * 2, [torch.randn(4)], False)
+    (launcher,) = compile_triton_kernels(schedule.kernels, cache_dir=tmp_path).values()
+    with pytest.raises(TypeError, match="takes 2 tensors"):
+        launcher(torch.randn(4))
+
+
 # -- CUDA -------------------------------------------------------------------------------
 
 
