@@ -1,0 +1,234 @@
+"""Loading, tuning and launching the Triton kernels of a schedule.
+
+`compile_triton_kernels(kernels, cache_dir=...)` renders each `FusedKernel` (through
+ember.codegen.triton), writes its source to a content-addressed file under
+`cache_dir` (Triton's jit reads real source files), imports it, and returns one
+launcher per kernel name. Kernels with identical source share one module and so one
+set of compiled binaries (the same layer repeated twelve times compiles once).
+
+A launcher takes the kernel's buffers as tensors (in `buffer_arguments()` order) and
+its sizes as ints (in `size_arguments()` order). It passes each buffer as its whole
+storage (index expressions are storage offsets), a random seed by value, and launches
+on the current CUDA stream. The first call for a given set of sizes times each
+candidate config briefly and keeps the fastest for the rest of the process; kernels
+that read what they write (or whose tensors alias) are timed on copies.
+
+Under `TRITON_INTERPRET=1` (CPU tensors) the kernels run in Triton's interpreter, with
+libdevice calls served by torch (the interpreter has no libdevice) and no tuning.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
+from ember.scheduler import FusedKernel
+
+_modules: dict[str, ModuleType] = {}  # source hash -> loaded module
+_chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def compile_triton_kernels(
+    kernels: Sequence[FusedKernel | TritonKernel], *, cache_dir: Path, debug: bool = False
+) -> dict[str, Callable[..., None]]:
+    """A launcher per kernel name. Rendering errors (`UnsupportedKernelError`)
+    propagate, so the caller can fall back for the graph."""
+    launchers: dict[str, Callable[..., None]] = {}
+    for kernel in kernels:
+        rendered = (
+            kernel if isinstance(kernel, TritonKernel) else render_kernel(kernel, debug=debug)
+        )
+        module = load_kernel_module(rendered.source, Path(cache_dir))
+        launchers[rendered.name] = TritonLauncher(rendered, module)
+    return launchers
+
+
+def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
+    digest = hashlib.sha256(source.encode()).hexdigest()[:32]
+    module = _modules.get(digest)
+    if module is not None:
+        return module
+    directory = cache_dir / "triton"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"k{digest}.py"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"ember_triton_{digest}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load generated kernel {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if interpreting() and hasattr(module, "libdevice"):
+        module.libdevice = InterpreterLibdevice()  # type: ignore[attr-defined]  # generated module
+    _modules[digest] = module
+    return module
+
+
+def storage_view(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s whole storage as a flat tensor starting at the storage's start."""
+    if tensor.storage_offset() == 0 and not interpreting():
+        return tensor  # the same data_ptr; Triton reads nothing else
+    count = tensor.untyped_storage().nbytes() // tensor.element_size()
+    return tensor.as_strided((count,), (1,), 0)
+
+
+class TritonLauncher:
+    """Launches one rendered kernel: `launcher(*tensors, *sizes)`."""
+
+    def __init__(self, kernel: TritonKernel, module: ModuleType) -> None:
+        self.kernel = kernel
+        self.fn = getattr(module, kernel.function_name)
+        self.digest = module.__name__
+        self._buffers = len(kernel.buffer_arguments)
+        self._values = {
+            i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.value_arguments
+        }
+        self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
+        self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
+
+    def __call__(self, *args: Any) -> None:
+        kernel = self.kernel
+        if len(args) != self._buffers + len(kernel.size_arguments):
+            raise TypeError(
+                f"kernel {kernel.name} takes {self._buffers} tensors "
+                f"({', '.join(kernel.buffer_arguments)}) and {len(kernel.size_arguments)} "
+                f"sizes ({', '.join(kernel.size_arguments)}); got {len(args)} arguments"
+            )
+        tensors = args[: self._buffers]
+        sizes = [int(s) for s in args[self._buffers :]]
+        operands = self._operands(tensors, sizes)
+        key = (self.digest, tuple(sizes), tuple(t.dtype for t in tensors))
+        config = _chosen.get(key)
+        if config is None:
+            config = self._tune(tensors, sizes)
+            _chosen[key] = config
+        self._launch(config, operands, sizes)
+
+    def _operands(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> list[Any]:
+        operands: list[Any] = [
+            int(t.item()) if i in self._values else storage_view(t) for i, t in enumerate(tensors)
+        ]
+        operands += sizes
+        operands += [
+            tensors[i].untyped_storage().nbytes() // tensors[i].element_size() for i in self._bounds
+        ]
+        return operands
+
+    def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> None:
+        named = dict(zip(self.kernel.size_arguments, sizes, strict=True))
+        grid = self.kernel.launch_grid(config, named)
+        self.fn[grid](
+            *operands,
+            **dict(config.blocks),
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+
+    def _tune(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> LaunchConfig:
+        configs = self.kernel.configs
+        if len(configs) == 1 or interpreting() or tensors[0].device.type != "cuda":
+            return configs[0]
+        tensors = list(tensors)
+        if not self.kernel.idempotent or _aliased(tensors):
+            for i in self._written:  # time on copies: the real outputs stay untouched
+                tensors[i] = storage_view(tensors[i]).clone()
+        operands = self._operands(tensors, sizes)
+        best, best_ms = configs[0], float("inf")
+        for config in configs:
+            try:
+                ms = _time(functools.partial(self._launch, config, operands, sizes))
+            except Exception:  # a config that does not compile (resources) is skipped
+                continue
+            if ms < best_ms:
+                best, best_ms = config, ms
+        return best
+
+
+def _aliased(tensors: Sequence[torch.Tensor]) -> bool:
+    pointers = [t.untyped_storage().data_ptr() for t in tensors]
+    return len(set(pointers)) != len(pointers)
+
+
+def _time(run: Callable[[], None], repeats: int = 10) -> float:
+    """Median milliseconds of `run` on the current stream (after a compile + warm-up)."""
+    run()
+    run()
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+    for s, e in zip(start, end, strict=True):
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(float(s.elapsed_time(e)) for s, e in zip(start, end, strict=True))
+    return times[len(times) // 2]
+
+
+# -- libdevice under the interpreter ---------------------------------------------------
+
+
+def _special(name: str) -> Callable[..., torch.Tensor]:
+    return getattr(torch.special, name)  # type: ignore[no-any-return]  # torch.special functions
+
+
+_LIBDEVICE_AS_TORCH: dict[str, Callable[..., torch.Tensor]] = {
+    "trunc": torch.trunc, "rint": torch.round, "expm1": torch.expm1, "log10": torch.log10,
+    "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin,
+    "cos": torch.cos, "tan": torch.tan, "asin": torch.asin, "acos": torch.acos,
+    "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh, "tanh": torch.tanh,
+    "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh, "erf": torch.erf,
+    "erfc": torch.erfc, "erfinv": torch.erfinv, "lgamma": torch.lgamma,
+    "cyl_bessel_i0": torch.i0, "cyl_bessel_i1": _special("i1"), "normcdfinv": _special("ndtri"),
+    "erfcx": _special("erfcx"), "j0": _special("bessel_j0"), "j1": _special("bessel_j1"),
+    "y0": _special("bessel_y0"), "y1": _special("bessel_y1"), "fmod": torch.fmod,
+    "pow": torch.pow, "atan2": torch.atan2, "fmax": torch.fmax, "fmin": torch.fmin,
+    "copysign": torch.copysign, "hypot": torch.hypot, "nextafter": torch.nextafter,
+}  # fmt: skip
+
+
+class InterpreterLibdevice:
+    """Stands in for `libdevice` in kernel modules run by Triton's interpreter."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        try:
+            fn = _LIBDEVICE_AS_TORCH[name]
+        except KeyError:
+            raise AttributeError(f"libdevice.{name} has no interpreter stand-in") from None
+        return lambda *args: _apply(fn, args)
+
+
+def _apply(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> Any:
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    arrays = [np.asarray(a.handle.data) for a in args]
+    result = fn(*(torch.from_numpy(np.ascontiguousarray(x)) for x in arrays)).numpy()
+    first = args[0]
+    result = result.astype(arrays[0].dtype)
+    blocks = [list(a.type.shape) for a in args if a.type.is_block()]
+    if not blocks:
+        return tl.core.tensor(TensorHandle(result, first.dtype), first.dtype)
+    shape = list(np.broadcast_shapes(*(tuple(b) for b in blocks)))
+    result = np.broadcast_to(
+        result.reshape(result.shape[-len(shape) :] if result.ndim > len(shape) else result.shape),
+        shape,
+    ).copy()
+    return tl.core.tensor(TensorHandle(result, first.dtype), tl.block_type(first.dtype, shape))
