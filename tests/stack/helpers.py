@@ -70,6 +70,8 @@ def assert_compiled_by_ember(start: int, *, backward: bool = False) -> None:
     assert records, "ember compiled no graph: the backend was not used"
     failed = [(r.graph, r.ran_eagerly) for r in records if r.ran_eagerly]
     assert not failed, failed
+    degraded = [(r.graph, r.kernel_fallback) for r in records if r.kernel_fallback]
+    assert not degraded, degraded
     assert all(r.wrapper_path is not None and r.wrapper_path.exists() for r in records)
     if backward:
         assert any(r.graph.startswith("backward") for r in records)

@@ -22,7 +22,7 @@ import torch
 from ember.scheduler import FusedKernel, run_kernel
 
 Launcher = Callable[..., None]
-KernelCompiler = Callable[[Sequence[FusedKernel], Path], dict[str, Launcher]]
+KernelCompiler = Callable[..., dict[str, Launcher]]  # (kernels, *, cache_dir)
 
 # device type -> (module, function) of the compiler for kernels on that device.
 _COMPILERS = {
@@ -52,7 +52,7 @@ def reference_launcher(kernel: FusedKernel) -> Launcher:
 def compiler_for(device: torch.device, mode: str) -> KernelCompiler:
     """The kernel compiler to use for `device` under EMBER_KERNELS=`mode`."""
     if mode == "reference":
-        return lambda kernels, cache_dir: {k.name: reference_launcher(k) for k in kernels}
+        return lambda kernels, *, cache_dir: {k.name: reference_launcher(k) for k in kernels}
     if mode != "auto":
         raise KernelsUnavailable(f"EMBER_KERNELS={mode}: generated kernels are off")
     if device.type not in _COMPILERS:
@@ -75,7 +75,7 @@ def compile_kernels(
     for kernel in kernels:
         by_device.setdefault(str(kernel.device), []).append(kernel)
     for device, group in by_device.items():
-        launchers.update(compiler_for(torch.device(device), mode)(group, cache_dir))
+        launchers.update(compiler_for(torch.device(device), mode)(group, cache_dir=cache_dir))
     return launchers
 
 
