@@ -11,6 +11,7 @@ from ember.ir import (  # noqa: F401
     assemble,
     factories,
     indexing,
+    norms,
     pointwise,
     random,
     reduction,

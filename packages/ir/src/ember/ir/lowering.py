@@ -58,24 +58,41 @@ aten = torch.ops.aten
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
-# Ops that stay ATen calls by design: vendor libraries beat generated code here.
+# Ops that stay ATen calls by design, and why. Each is a library routine that generated
+# loops would not beat or cannot express; everything else without a lowering is a
+# fallback (logged, and an error under EMBER_FALLBACK=0).
+_EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
+    # vendor BLAS/cuBLAS/oneDNN kernels beat generated loops
+    "matmul": ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addbmm",
+               "_scaled_mm", "_int_mm", "_cdist_forward", "_weight_int8pack_mm"),
+    "convolution": ("convolution", "convolution_backward", "_convolution"),
+    "attention": tuple(
+        f"_scaled_dot_product_{kind}{suffix}"
+        for kind in ("flash_attention", "efficient_attention", "cudnn_attention",
+                     "flash_attention_for_cpu")
+        for suffix in ("", "_backward")
+    ),
+    # LAPACK/cuSOLVER factorizations and solvers: iterative, pivoting, not loop nests
+    "linalg": ("linalg_cholesky_ex", "linalg_eig", "_linalg_eigh", "linalg_inv_ex",
+               "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lstsq", "linalg_lu",
+               "linalg_lu_factor_ex", "linalg_lu_solve", "linalg_matrix_exp", "linalg_qr",
+               "linalg_solve_triangular", "linalg_householder_product", "_linalg_svd",
+               "_linalg_solve_ex", "_linalg_slogdet", "_linalg_det", "_linalg_check_errors",
+               "cholesky_solve", "cholesky_inverse", "triangular_solve", "geqrf", "ormqr",
+               "lu_unpack", "linalg_pinv", "linalg_polar", "linalg_matrix_sqrth"),
+    # FFT libraries (pocketfft, cuFFT); complex results are outside the loop IR
+    "fft": ("_fft_r2c", "_fft_c2c", "_fft_c2r"),
+    # sorting and selection: need a Sort node (planned, ARCHITECTURE.md)
+    "sort": ("sort", "topk", "kthvalue", "median", "nanmedian", "mode", "searchsorted",
+             "bucketize", "_unique2", "unique_consecutive", "unique_dim", "msort", "argsort"),
+    # results whose size depends on the data: the IR's sizes are known before running
+    "data_dependent": ("nonzero", "masked_select"),
+}  # fmt: skip
 INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
-    {
-        aten.mm,
-        aten.addmm,
-        aten.bmm,
-        aten.baddbmm,
-        aten.convolution,
-        aten.convolution_backward,
-        aten._scaled_dot_product_flash_attention,
-        aten._scaled_dot_product_flash_attention_backward,
-        aten._scaled_dot_product_efficient_attention,
-        aten._scaled_dot_product_efficient_attention_backward,
-        aten._scaled_dot_product_cudnn_attention,
-        aten._scaled_dot_product_cudnn_attention_backward,
-        aten._scaled_dot_product_flash_attention_for_cpu,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    }
+    getattr(aten, name)
+    for names in _EXTERN_GROUPS.values()
+    for name in names
+    if hasattr(aten, name)
 )
 
 
@@ -359,22 +376,25 @@ class GraphLowering:
             raise NotLowerable(f"cannot realize {type(value).__name__}")
         if value.realized is not None:
             return value.realized
-        body = value.body()
-        if isinstance(body, Load) and body.mask is None and not body.indirect:
-            layout = self.layouts.get(body.buffer)
-            same = (
-                layout is not None
-                and layout.size == value.size
-                and layout.dtype == value.dtype
-                and body.index == buffer_loader(body.buffer, layout)(loop_vars(value.ndim)).index  # type: ignore[attr-defined]  # buffer loaders build Loads
-            )
-            is_input = any(n.name == body.buffer for n in self.program.inputs)
-            if same and not (copy_inputs and is_input):
-                value.realized = BufferRef(body.buffer)
-                return value.realized
+        whole = self.whole_buffer(value)
+        if whole is not None and not (copy_inputs and any(n.name == whole for n in self.program.inputs)):
+            value.realized = BufferRef(whole)
+            return value.realized
         layout = Layout.contiguous(value.device, value.dtype, value.size)
-        value.realized = self.store(Pointwise(value.size, body), layout)
+        value.realized = self.store(Pointwise(value.size, value.body()), layout)
         return value.realized
+
+    def whole_buffer(self, value: LazyTensor) -> str | None:
+        """The buffer `value` reads exactly as it is stored (same sizes, strides and
+        dtype), if any: storing `value` again would be a copy."""
+        body = value.body()
+        if not isinstance(body, Load) or body.mask is not None or body.indirect:
+            return None
+        layout = self.layouts.get(body.buffer)
+        if layout is None or layout.size != value.size or layout.dtype != value.dtype:
+            return None
+        expected = buffer_loader(body.buffer, layout)(loop_vars(value.ndim))
+        return body.buffer if isinstance(expected, Load) and expected.index == body.index else None
 
     def store(self, loop: Loop, layout: Layout, *, mutates: str | None = None) -> BufferRef:
         """Add a ComputedBuffer for `loop` and return a reference to it."""
@@ -390,6 +410,12 @@ class GraphLowering:
         """Write `value` (broadcast and cast) into the buffer behind the FX argument
         `target`, in place: AOTAutograd's copy_ epilogues and in-place ops."""
         ref = self.env[target] if isinstance(target, torch.fx.Node) else target
+        if isinstance(ref, LazyTensor) and ref.realized is None:
+            whole = self.whole_buffer(ref)
+            if whole is not None:  # an alias of a whole buffer: update that buffer
+                ref = BufferRef(whole)
+            elif not _is_view(target):  # a fresh value: store it, then update it
+                self.realize(ref)
         if isinstance(ref, LazyTensor) and ref.realized is not None:
             ref = ref.realized
         if not isinstance(ref, BufferRef):
@@ -498,6 +524,14 @@ def _inplace_lowering(op: torch._ops.OpOverload) -> LoweringFn | None:
         return lowering_.mutate(node.args[0], result)
 
     return lower_inplace
+
+
+def _is_view(node: Any) -> bool:
+    """The FX node's value aliases another tensor (writing it must write that one)."""
+    if not isinstance(node, torch.fx.Node) or not isinstance(node.target, torch._ops.OpOverload):
+        return not (isinstance(node, torch.fx.Node) and node.op == "placeholder")
+    returns = node.target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None
 
 
 def _has_complex(node: torch.fx.Node) -> bool:

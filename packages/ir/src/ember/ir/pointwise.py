@@ -123,7 +123,7 @@ def c(value: float | int | bool, like: Node) -> Node:
 
 _UNARY: dict[str, Kind] = {
     **dict.fromkeys(
-        "neg sign floor ceil trunc frac bitwise_not relu".split(), Kind.DEFAULT
+        "neg sign floor ceil trunc round frac bitwise_not relu".split(), Kind.DEFAULT
     ),
     "abs": Kind.COMPLEX_TO_FLOAT,
     **dict.fromkeys(
