@@ -13,6 +13,7 @@ from ember.ir import (  # noqa: F401
     indexing,
     norms,
     pointwise,
+    pooling,
     random,
     reduction,
     views,

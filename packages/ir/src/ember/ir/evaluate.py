@@ -231,10 +231,13 @@ def run_loop(
     else:
         reduced = tuple(int(evaluate(s, bindings)) for s in loop.reduction_ranges)
         body = BodyEvaluator(env, bindings, ranges, reduced).run(loop.body)
-        values = _reduce(body.broadcast_to((*ranges, *reduced)).reshape(*ranges, -1), loop.kind)
+        count = 1
+        for r in reduced:
+            count *= r
+        values = _reduce(body.broadcast_to((*ranges, *reduced)).reshape(*ranges, count), loop.kind)
     if buffer.mutates is not None:
         target = env[buffer.mutates]
-        target.as_strided(size, stride, offset).copy_(values.reshape(size))
+        target.as_strided(size, stride, offset).copy_(values.reshape(size).clone())
         return target  # type: ignore[no-any-return]  # env holds tensors
     out = torch.empty_strided(size, stride, dtype=layout.dtype)
     out.copy_(values.reshape(size))

@@ -28,13 +28,14 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from typing import cast as type_cast
 
 import sympy
 import torch
 import torch.fx
 
 from ember.ir.errors import LoweringError
-from ember.ir.expr import Load
+from ember.ir.expr import Load, loads
 from ember.ir.layout import Layout
 from ember.ir.loops import Loop, Pointwise
 from ember.ir.nodes import (
@@ -378,7 +379,7 @@ class GraphLowering:
             return value.realized
         whole = self.whole_buffer(value)
         if whole is not None and not (copy_inputs and any(n.name == whole for n in self.program.inputs)):
-            value.realized = BufferRef(whole)
+            value.realized, value.borrowed = BufferRef(whole), True
             return value.realized
         layout = Layout.contiguous(value.device, value.dtype, value.size)
         value.realized = self.store(Pointwise(value.size, value.body()), layout)
@@ -398,6 +399,8 @@ class GraphLowering:
 
     def store(self, loop: Loop, layout: Layout, *, mutates: str | None = None) -> BufferRef:
         """Add a ComputedBuffer for `loop` and return a reference to it."""
+        if mutates is not None:
+            self._snapshot_readers(mutates)
         name = self._new_name("buf")
         origin = self.current_node.name if self.current_node is not None else ""
         self.add(ComputedBuffer(name, layout, loop, mutates, origin))
@@ -406,18 +409,37 @@ class GraphLowering:
             self.versions[mutates] = name
         return BufferRef(name)
 
+    def _snapshot_readers(self, buffer: str) -> None:
+        """Store every pending lazy value that reads `buffer` before it is overwritten:
+        those values were computed before the mutation in program order."""
+        pending: list[LazyTensor] = []
+        for fx_node, value in self.env.items():
+            if not fx_node.users:
+                continue
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, LazyTensor) and (item.realized is None or item.borrowed):
+                    pending.append(item)
+        for item in pending:
+            if any(load.buffer == buffer for load in loads(item.body())):
+                layout = Layout.contiguous(item.device, item.dtype, item.size)
+                item.realized = self.store(Pointwise(item.size, item.body()), layout)
+                item.borrowed = False
+
     def mutate(self, target: Any, value: LazyTensor) -> BufferRef:
         """Write `value` (broadcast and cast) into the buffer behind the FX argument
         `target`, in place: AOTAutograd's copy_ epilogues and in-place ops."""
         ref = self.env[target] if isinstance(target, torch.fx.Node) else target
-        if isinstance(ref, LazyTensor) and ref.realized is None:
-            whole = self.whole_buffer(ref)
-            if whole is not None:  # an alias of a whole buffer: update that buffer
-                ref = BufferRef(whole)
-            elif not _is_view(target):  # a fresh value: store it, then update it
-                self.realize(ref)
-        if isinstance(ref, LazyTensor) and ref.realized is not None:
-            ref = ref.realized
+        if isinstance(ref, LazyTensor):
+            if _is_view(target):  # an alias: writing it writes what it aliases
+                whole = self.whole_buffer(ref)
+                ref = BufferRef(whole) if whole is not None else ref
+            elif ref.realized is None or ref.borrowed:
+                # a fresh value (clone, repeat...): it needs storage of its own
+                layout = Layout.contiguous(ref.device, ref.dtype, ref.size)
+                ref.realized, ref.borrowed = self.store(Pointwise(ref.size, ref.body()), layout), False
+                ref = ref.realized
+            else:
+                ref = ref.realized
         if not isinstance(ref, BufferRef):
             raise LoweringError(
                 getattr(self.current_node, "name", "?"),
@@ -518,12 +540,30 @@ def _inplace_lowering(op: torch._ops.OpOverload) -> LoweringFn | None:
     fn = lowering
 
     def lower_inplace(lowering_: GraphLowering, node: torch.fx.Node) -> Any:
-        result = fn(lowering_, node)
+        as_functional = type_cast(torch.fx.Node, _Retargeted(node, functional))
+        result = fn(lowering_, as_functional)
+        returns = functional._schema.returns
+        if returns and returns[0].alias_info is not None:
+            # an in-place view op (squeeze_, t_...) changes the metadata of its
+            # argument, not the data: later readers of the argument see the view
+            lowering_.env[node.args[0]] = result  # type: ignore[index]  # an FX node
+            return result
         if not isinstance(result, LazyTensor):
             raise NotLowerable("in-place variant of a multi-output op")
         return lowering_.mutate(node.args[0], result)
 
     return lower_inplace
+
+
+class _Retargeted:
+    """An FX node seen as a call of another overload (same args, meta and users)."""
+
+    def __init__(self, node: torch.fx.Node, target: Any) -> None:
+        self._node = node
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
 
 
 def _is_view(node: Any) -> bool:
