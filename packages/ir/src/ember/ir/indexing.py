@@ -191,14 +191,13 @@ _SCATTER_REDUCE = {"add": "sum", "sum": "sum", "multiply": "prod", "prod": "prod
 def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
     a = lowering.args(node)
     reduce: str | None = None
+    include_self = a.get("include_self") is not False
     if node.target is aten.scatter_add.default:
         reduce = "sum"
     elif a.get("reduce") is not None:
         if a["reduce"] not in _SCATTER_REDUCE:
             raise NotLowerable(f"scatter reduce={a['reduce']!r}")
         reduce = _SCATTER_REDUCE[a["reduce"]]
-        if a.get("include_self") is False:
-            raise NotLowerable("scatter_reduce with include_self=False")
     index_value = _index_tensor(lowering, a["index"])
     name, layout = fresh_copy(lowering, a["self"])
     dim = norm_dim(int(a["dim"]), max(layout.ndim, 1))
@@ -216,6 +215,14 @@ def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
         positions = list(i)
         positions[dim] = wrap_index(index_value.loader(i), layout.size[dim])
     offset, indirect = address(layout, positions)
+    if not include_self:
+        # the positions written start from the reduction's identity, not from self
+        identity = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}[reduce or "sum"]
+        if not layout.dtype.is_floating_point and reduce in ("max", "min"):
+            info = torch.iinfo(layout.dtype)
+            identity = info.min if reduce == "max" else info.max
+        start = Scatter(index_value.size, offset, indirect, const(identity, layout.dtype), None)
+        name = lowering.store(start, layout, mutates=name).name
     body = cast(src_load(i), layout.dtype)
     loop = Scatter(index_value.size, offset, indirect, body, reduce)
     return lowering.store(loop, layout, mutates=name)
