@@ -15,7 +15,9 @@ from ember.ir import LoweringOptions, Program, lower_graph, run_program, verify
 
 
 def trace(fn: Callable[..., Any], *args: Any, mode: str = "real") -> torch.fx.GraphModule:
-    return make_fx(torch.func.functionalize(fn), decomposition_table=ember_decompositions(), tracing_mode=mode)(*args)
+    return make_fx(
+        torch.func.functionalize(fn), decomposition_table=ember_decompositions(), tracing_mode=mode
+    )(*args)
 
 
 def lower(fn: Callable[..., Any], *args: Any, mode: str = "real", **options: Any) -> Program:
@@ -26,7 +28,9 @@ def lower(fn: Callable[..., Any], *args: Any, mode: str = "real", **options: Any
     return program
 
 
-def check(fn: Callable[..., Any], *args: Any, rtol: float = 1e-5, atol: float = 1e-5, **options: Any) -> Program:
+def check(
+    fn: Callable[..., Any], *args: Any, rtol: float = 1e-5, atol: float = 1e-5, **options: Any
+) -> Program:
     """Lower `fn` (loops on, fallbacks off), run it, and compare with eager."""
     program = lower(fn, *args, **options)
     expected = flatten(fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args]))

@@ -36,7 +36,14 @@ TOLERANCE = {
     torch.bfloat16: (1.6e-2, 1e-2),
     torch.float16: (1e-3, 1e-3),
 }
-UNSPECIFIED = ("empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "empty_permuted")
+UNSPECIFIED = (
+    "empty",
+    "new_empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty_strided",
+    "empty_permuted",
+)
 
 
 @dataclass
@@ -76,7 +83,7 @@ def _close(actual: Any, expected: Any, dtype: torch.dtype) -> str:
     """'' when equal enough, else why not."""
     try:
         return _compare(actual, expected, dtype)
-    except Exception as e:  # noqa: BLE001 - sparse, complex, odd layouts
+    except Exception as e:
         return f"cannot compare: {type(e).__name__}"
 
 
@@ -89,8 +96,14 @@ def _compare(actual: Any, expected: Any, dtype: torch.dtype) -> str:
         return f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     if expected.is_floating_point() or expected.is_complex():
         rtol, atol = TOLERANCE.get(dtype, (1e-5, 1e-5))
-        ok = torch.allclose(actual.to(expected.dtype), expected, rtol=rtol, atol=atol, equal_nan=True)
-        return "" if ok else f"max abs diff {(actual.double() - expected.double()).abs().nan_to_num().max().item():.3g}"
+        ok = torch.allclose(
+            actual.to(expected.dtype), expected, rtol=rtol, atol=atol, equal_nan=True
+        )
+        return (
+            ""
+            if ok
+            else f"max abs diff {(actual.double() - expected.double()).abs().nan_to_num().max():.3g}"  # noqa: E501
+        )
     return "" if torch.equal(actual.to(expected.dtype), expected) else "integer values differ"
 
 
@@ -98,7 +111,7 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
     key = op_key(info)
     try:
         sample = next(iter(info.sample_inputs("cpu", dtype, requires_grad=False)))
-    except Exception as e:  # noqa: BLE001 - OpInfo samples fail in many ways
+    except Exception as e:
         return Outcome(key, "skip", f"no sample: {type(e).__name__}")
     flat, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     idx = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
@@ -110,14 +123,19 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
         expected = fn(*eager_inputs)
         torch.manual_seed(1)
         again = fn(*_clone(tensors))
-    except Exception as e:  # noqa: BLE001 - eager itself cannot run it: not counted
+    except Exception as e:
         return Outcome(key, "skip", f"eager: {type(e).__name__}")
     exp_flat = pytree.tree_leaves(expected)
-    random = any(_close(a, b, torch.float64) for a, b in zip(pytree.tree_leaves(again), exp_flat, strict=False))
+    random = any(
+        _close(a, b, torch.float64)
+        for a, b in zip(pytree.tree_leaves(again), exp_flat, strict=False)
+    )
     unspecified = info.name.split(".")[-1] in UNSPECIFIED or random
     try:
-        gm = make_fx(torch.func.functionalize(fn), decomposition_table=ember_decompositions())(*_clone(tensors))
-    except Exception as e:  # noqa: BLE001
+        gm = make_fx(torch.func.functionalize(fn), decomposition_table=ember_decompositions())(
+            *_clone(tensors)
+        )
+    except Exception as e:
         return Outcome(key, "error", f"trace: {type(e).__name__}: {str(e)[:80]}")
     random = random or any(
         torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
@@ -126,11 +144,13 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
     )
     unspecified = unspecified or random
     try:
-        program = lower_graph(gm, name="op", options=LoweringOptions(loops=True, allow_fallback=allow_fallback))
+        program = lower_graph(
+            gm, name="op", options=LoweringOptions(loops=True, allow_fallback=allow_fallback)
+        )
         verify(program)
     except LoweringError as e:
         return Outcome(key, "error", f"lower: {str(e)[:160]}")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return Outcome(key, "error", f"lower/verify: {type(e).__name__}: {str(e)[:120]}")
     externs = sum(1 for n in program.extern_kernels() if not n.is_view)
     ours_inputs = _clone(tensors)
@@ -140,11 +160,13 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
             repeat = run_program(program, _clone(tensors), seed=0)
             if any(_close(a, b, torch.float64) for a, b in zip(repeat, actual, strict=True)):
                 return Outcome(key, "mismatch", "random op not deterministic per seed", externs)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return Outcome(key, "error", f"run: {type(e).__name__}: {str(e)[:120]}", externs)
     act_flat = pytree.tree_leaves(actual)
     if len(act_flat) != len(exp_flat):
-        return Outcome(key, "mismatch", f"{len(act_flat)} outputs, expected {len(exp_flat)}", externs)
+        return Outcome(
+            key, "mismatch", f"{len(act_flat)} outputs, expected {len(exp_flat)}", externs
+        )
     if unspecified:
         for a, e in zip(act_flat, exp_flat, strict=True):
             if isinstance(e, torch.Tensor) and (
@@ -159,15 +181,20 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
             torch.manual_seed(0)
             ref_inputs = _clone(tensors, torch.float32)
             reference = pytree.tree_leaves(fn(*ref_inputs))
-        except Exception:  # noqa: BLE001 - no float32 reference: use eager low precision
+        except Exception:
             reference, ref_inputs = exp_flat, eager_inputs
     for k, (a, e, r) in enumerate(zip(act_flat, exp_flat, reference, strict=True)):
-        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and a.dtype != e.dtype:
-            return Outcome(key, "mismatch", f"output {k}: dtype {a.dtype} != {e.dtype}", externs)
         why = _close(a, r, dtype)
-        if why and _close(a, e, torch.float32 if dtype != torch.float32 else dtype):
+        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and a.dtype != e.dtype:
+            why = f"dtype {a.dtype} != {e.dtype}"
+        if why and (
+            why.startswith("dtype")
+            or _close(a, e, torch.float32 if dtype != torch.float32 else dtype)
+        ):
             if _graph_differs(gm, tensors, exp_flat, dtype):
-                return Outcome(key, "error", f"decomposed graph itself differs from eager: {why}", externs)
+                return Outcome(
+                    key, "error", f"decomposed graph itself differs from eager: {why}", externs
+                )
             return Outcome(key, "mismatch", f"output {k}: {why}", externs)
     for k, (a, e) in enumerate(zip(ours_inputs, eager_inputs, strict=True)):
         why = _close(a, e, dtype)
@@ -176,13 +203,15 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
     return Outcome(key, "pass", "", externs)
 
 
-def _graph_differs(gm: Any, tensors: list[torch.Tensor], expected: list[Any], dtype: torch.dtype) -> bool:
+def _graph_differs(
+    gm: Any, tensors: list[torch.Tensor], expected: list[Any], dtype: torch.dtype
+) -> bool:
     """True when the traced graph, run by torch itself, already disagrees with eager
     (a decomposition bug upstream of ember.ir)."""
     try:
         torch.manual_seed(0)
         traced = pytree.tree_leaves(gm(*_clone(tensors)))
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     return len(traced) != len(expected) or any(
         _close(t, e, dtype) for t, e in zip(traced, expected, strict=True)
@@ -211,7 +240,8 @@ def summary(results: list[Outcome]) -> str:
     loops_only = sum(1 for r in results if r.status == "pass" and r.externs == 0)
     return (
         f"pass {counts['pass']} / mismatch {counts['mismatch']} / error {counts['error']} / "
-        f"skip {counts['skip']}  ({rate:.1f}% of {counted} runnable; {loops_only} passes use no extern)"
+        f"skip {counts['skip']}  ({rate:.1f}% of {counted} runnable; "
+        f"{loops_only} passes use no extern)"
     )
 
 

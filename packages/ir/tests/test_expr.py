@@ -40,7 +40,9 @@ def test_replace_index_rewrites_every_load_and_keeps_sharing() -> None:
 
 
 def test_printer_numbers_shared_nodes_once() -> None:
-    x = Load("x", 2 * i0, f32, mask=Op("lt", (IndexExpr(i0), IndexExpr(sympy.Integer(3))), torch.bool))
+    x = Load(
+        "x", 2 * i0, f32, mask=Op("lt", (IndexExpr(i0), IndexExpr(sympy.Integer(3))), torch.bool)
+    )
     text = format_body(Op("mul", (x, x), f32))
     assert text.count("load x") == 1
     assert "if %2 else 0" in text and "mul(%3, %3)" in text

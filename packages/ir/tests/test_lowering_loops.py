@@ -9,6 +9,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 from conftest import check, computed, lower, trace
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.ir import (
     ComputedBuffer,
@@ -48,11 +49,17 @@ def test_pointwise_chain_is_one_buffer_with_one_load() -> None:
         (lambda a, b: a * b, (torch.randint(0, 5, (4,)), torch.tensor(2.5, dtype=torch.float64))),
         (lambda a: a / 3, (torch.arange(5),)),
         (lambda a: a // 2 + a % 3, (torch.arange(-5, 5),)),
-        (lambda a, b: torch.where(a > 0, a, b), (torch.randn(4, 1), torch.randn(1, 3, dtype=torch.float64))),
+        (
+            lambda a, b: torch.where(a > 0, a, b),
+            (torch.randn(4, 1), torch.randn(1, 3, dtype=torch.float64)),
+        ),
         (lambda a: (a > 0) & (a < 0.5), (torch.randn(8),)),
         (lambda a: a.to(torch.int32).to(torch.float16), (torch.randn(8) * 10,)),
         (lambda a: torch.clamp(a, -0.5, 0.5), (torch.tensor([float("nan"), -1.0, 0.2, 3.0]),)),
-        (lambda a: F.gelu(a) + F.silu(a) + F.leaky_relu(a) + F.elu(a) + torch.relu(a), (torch.randn(10),)),
+        (
+            lambda a: F.gelu(a) + F.silu(a) + F.leaky_relu(a) + F.elu(a) + torch.relu(a),
+            (torch.randn(10),),
+        ),
         (lambda a: a.bfloat16() * 3 + 1, (torch.randn(10),)),
     ],
 )
@@ -77,7 +84,10 @@ def test_views_compose_into_affine_loads() -> None:
 def test_more_views_match_eager() -> None:
     x = torch.randn(4, 6)
     check(lambda x: x.expand(3, 4, 6).flip(0).diagonal(0, 1, 2) * 2, x)
-    check(lambda x: x.unfold(1, 2, 2).sum(-1) + x.select(0, -1).view(3, 2, 1).squeeze(2)[None, :, 0], x)
+    check(
+        lambda x: x.unfold(1, 2, 2).sum(-1) + x.select(0, -1).view(3, 2, 1).squeeze(2)[None, :, 0],
+        x,
+    )
     check(lambda x: x.as_strided((3, 3), (1, 6), 2) + 1, x)
     check(lambda x: torch.cat([x, x * 2, x[:1]], 0).repeat(2, 1), x)
     check(lambda x: F.pad(x, (1, 2, 0, 1), value=-1.0) + F.pad(x, (-1, 1)).sum(), x)
@@ -89,7 +99,7 @@ def test_reductions_match_eager() -> None:
     check(lambda x: (x.sum(1), x.prod(-1), x.amax((0, 2)), x.amin(1, keepdim=True)), x)
     check(lambda x: (x.argmax(1), x.argmin(), x.max(2), x.min(0)), x)
     check(lambda x: ((x > 0).any(1), (x > -3).all(), x.mean((0, 1)), x.sum(dtype=torch.float64)), x)
-    check(lambda x: torch.var_mean(x, 1, correction=0) + (x.var(2), x.std()), x)
+    check(lambda x: (*torch.var_mean(x, 1, correction=0), x.var(2), x.std()), x)
     check(lambda x: (x.cumsum(1), x.cumprod(-1), torch.arange(5).cumsum(0)), x)
     check(lambda x: (torch.softmax(x, -1), torch.log_softmax(x, 1)), x)
 
@@ -119,7 +129,9 @@ def test_pooling_matches_eager() -> None:
 def test_indirect_loads_and_scatters_match_eager() -> None:
     x = torch.randn(5, 4)
     idx = torch.tensor([4, -1, 0, 2])
-    check(lambda x, i: (x[i], x[:, i % 4], x.index_select(1, i % 4), F.embedding(i.abs(), x)), x, idx)
+    check(
+        lambda x, i: (x[i], x[:, i % 4], x.index_select(1, i % 4), F.embedding(i.abs(), x)), x, idx
+    )
     check(lambda x, i: torch.gather(x, 0, i.abs().view(1, 4).expand(3, 4)), x, idx)
     dup = torch.tensor([0, 2, 0, 2])
     program = check(lambda x, i: x.index_put((i,), torch.ones(4, 4), accumulate=True), x, dup)
@@ -131,7 +143,15 @@ def test_indirect_loads_and_scatters_match_eager() -> None:
 
 def test_factories_match_eager() -> None:
     x = torch.randn(3)
-    check(lambda x: (torch.arange(2, 11, 3) + x.sum(), torch.arange(0.5, 2, 0.25), torch.full((2,), 7), torch.zeros_like(x)), x)
+    check(
+        lambda x: (
+            torch.arange(2, 11, 3) + x.sum(),
+            torch.arange(0.5, 2, 0.25),
+            torch.full((2,), 7),
+            torch.zeros_like(x),
+        ),
+        x,
+    )
 
 
 def test_input_mutation_is_written_back() -> None:
@@ -162,9 +182,14 @@ def test_random_is_deterministic_per_seed_and_well_distributed() -> None:
     u2, n2, d2 = run_program(program, [x], seed=7)
     assert torch.equal(u, u2) and torch.equal(n, n2) and torch.equal(d, d2)
     assert not torch.equal(u, run_program(program, [x], seed=8)[0])
-    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01 and abs(u.std() - 0.2887) < 0.01
+    assert (
+        u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.01 and abs(u.std() - 0.2887) < 0.01
+    )
     assert abs(n.mean()) < 0.03 and abs(n.std() - 1) < 0.03
-    assert set(d.unique().tolist()) == {0.0, torch.tensor(4 / 3).item()} and abs((d == 0).float().mean() - 0.25) < 0.02
+    assert (
+        set(d.unique().tolist()) == {0.0, torch.tensor(4 / 3).item()}
+        and abs((d == 0).float().mean() - 0.25) < 0.02
+    )
     assert not torch.equal(u[:1000], n[:1000])  # separate ops draw from separate counters
 
 
@@ -199,13 +224,19 @@ def test_verifier_rejects_out_of_bounds_and_bad_dtypes() -> None:
     program = lower(lambda x: x + 1, torch.randn(4))
     (buffer,) = computed(program)
     i0 = sympy.Symbol("i0", integer=True, nonnegative=True)
-    bad_index = ComputedBuffer(buffer.name, buffer.layout, Pointwise(buffer.loop.ranges, Load("x_1", i0 + 1, torch.float32)))
+    bad_index = ComputedBuffer(
+        buffer.name,
+        buffer.layout,
+        Pointwise(buffer.loop.ranges, Load("x_1", i0 + 1, torch.float32)),
+    )
     program.nodes[program.nodes.index(buffer)] = bad_index
     with pytest.raises(Exception, match="outside"):
         verify(program)
-    bad_dtype = ComputedBuffer(buffer.name, buffer.layout, Pointwise(buffer.loop.ranges, Load("x_1", i0, torch.float64)))
+    bad_dtype = ComputedBuffer(
+        buffer.name, buffer.layout, Pointwise(buffer.loop.ranges, Load("x_1", i0, torch.float64))
+    )
     program.nodes[program.nodes.index(bad_index)] = bad_dtype
-    with pytest.raises(Exception, match="loads float32 'x_1' as float64|stores"):
+    with pytest.raises(Exception, match=r"loads float32 'x_1' as float64|stores"):
         verify(program)
 
 
@@ -215,19 +246,31 @@ def test_printer_shows_loop_nodes() -> None:
     assert "%0 = load x_1[3*i0 + r0]: float32" in text
 
 
-def test_lowering_time_per_node_is_small() -> None:
+def test_transformer_block_lowers_to_loops_and_matches_eager() -> None:
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 8, 32)
     with torch.no_grad():
         gm = trace(lambda x: layer(x), x)
+        expected = layer(x)
     start = time.perf_counter()
     program = lower_graph(gm, options=LoweringOptions(loops=True, allow_fallback=False))
     per_node = (time.perf_counter() - start) / len(gm.graph.nodes)
     verify(program)
-    with torch.no_grad():
-        torch.testing.assert_close(run_program(program, [*(p.detach() for p in _params(gm)), x])[0] if False else layer(x), layer(x))
+    (out,) = run_program(program, [x])
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    externs = {str(n.op) for n in program.extern_kernels()}
+    assert externs <= {"aten.addmm.default", "aten.mm.default", "aten.bmm.default"}, externs
     print(f"transformer block: {len(gm.graph.nodes)} nodes, {per_node * 1e3:.2f} ms/node")
 
 
-def _params(gm):  # type: ignore[no-untyped-def]
-    return []
+def test_writes_through_views_of_fresh_tensors() -> None:
+    def fn(x):  # type: ignore[no-untyped-def]
+        y = x.clone()
+        y[:, 1:3].mul_(2)
+        y[0].zero_()
+        return y + 1
+
+    x = torch.randn(3, 4)
+    program = lower_graph(make_fx(fn)(x), options=LoweringOptions(loops=True, allow_fallback=False))
+    verify(program)
+    torch.testing.assert_close(run_program(program, [x])[0], fn(x))

@@ -37,7 +37,7 @@ def _core_overloads() -> set[torch._ops.OpOverload]:
         packet = getattr(aten, name, None)
         if not isinstance(packet, torch._ops.OpOverloadPacket):
             continue
-        for overload_name in packet.overloads():
+        for overload_name in packet.overloads():  # type: ignore[no-untyped-call]  # untyped in torch
             overload = getattr(packet, overload_name)
             if torch.Tag.core in overload.tags:
                 found.add(overload)
@@ -46,8 +46,13 @@ def _core_overloads() -> set[torch._ops.OpOverload]:
 
 def _is_out_variant(op: torch._ops.OpOverload) -> bool:
     name = op._overloadname
-    return name == "out" or name.endswith("_out") or any(
-        a.alias_info is not None and a.alias_info.is_write and a.kwarg_only for a in op._schema.arguments
+    return (
+        name == "out"
+        or name.endswith("_out")
+        or any(
+            a.alias_info is not None and a.alias_info.is_write and a.kwarg_only
+            for a in op._schema.arguments
+        )
     )
 
 
@@ -55,7 +60,7 @@ def coverage() -> Coverage:
     decomposed = set(ember_decompositions())
     universe = _core_overloads() | set(LOWERINGS)
     for packet in INTENTIONAL_EXTERNS:
-        universe |= {getattr(packet, o) for o in packet.overloads()}
+        universe |= {getattr(packet, o) for o in packet.overloads()}  # type: ignore[no-untyped-call]  # untyped in torch
     universe = {op for op in universe if not _is_out_variant(op)}
     lowered: dict[str, str] = {}
     intentional: list[str] = []

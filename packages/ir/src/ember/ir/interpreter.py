@@ -34,7 +34,10 @@ def bind_symbols(program: Program, args: Sequence[Any]) -> dict[sympy.Symbol, in
             bindings[node.expr] = int(arg)
         elif isinstance(node, InputBuffer):
             layout = node.layout
-            dims = (*zip(layout.size, arg.shape), *zip(layout.stride, arg.stride()))
+            dims = (
+                *zip(layout.size, arg.shape, strict=True),
+                *zip(layout.stride, arg.stride(), strict=True),
+            )
             for expr, actual in dims:
                 if isinstance(expr, sympy.Symbol):
                     bindings.setdefault(expr, int(actual))
@@ -59,7 +62,7 @@ def run_program(program: Program, args: Sequence[Any], *, seed: int | None = Non
         if isinstance(tree, BufferRef):
             return env[tree.name]
         if isinstance(tree, sympy.Basic):
-            return evaluate(tree, bindings)  # type: ignore[arg-type]  # Basic covers bools
+            return evaluate(tree, bindings)
         if isinstance(tree, tuple):
             return [value(t) for t in tree]
         if isinstance(tree, dict):

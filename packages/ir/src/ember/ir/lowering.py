@@ -27,7 +27,7 @@ import logging
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from typing import cast as type_cast
 
 import sympy
@@ -37,7 +37,7 @@ import torch.fx
 from ember.ir.errors import LoweringError
 from ember.ir.expr import Load, loads
 from ember.ir.layout import Layout
-from ember.ir.loops import Loop, Pointwise
+from ember.ir.loops import Loop, Pointwise, Scatter
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -124,12 +124,13 @@ class NotLowerable(Exception):
 # LazyTensor, a BufferRef, a sympy expression, or a tuple of those.
 LoweringFn = Callable[["GraphLowering", torch.fx.Node], Any]
 LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
+_F = TypeVar("_F", bound=LoweringFn)
 
 
-def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[LoweringFn], LoweringFn]:
+def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[_F], _F]:
     """Decorator: `fn` lowers each of `ops`."""
 
-    def register(fn: LoweringFn) -> LoweringFn:
+    def register(fn: _F) -> _F:
         for op in ops:
             if op in LOWERINGS:
                 raise ValueError(f"{op} has two lowerings")
@@ -137,6 +138,7 @@ def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[LoweringFn], Low
         return fn
 
     return register
+
 
 _fallbacks_logged: set[str] = set()
 
@@ -209,14 +211,17 @@ class GraphLowering:
         if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
             return self._lower_getitem(node)
         if isinstance(val, _SYM_TYPES) or (
-            isinstance(val, (int, float, bool)) and not isinstance(node.target, torch._ops.OpOverload)
+            isinstance(val, (int, float, bool))
+            and not isinstance(node.target, torch._ops.OpOverload)
         ):
             expr = as_expr(val)
             if expr.free_symbols <= self._bound_symbols:
                 return expr  # pure size arithmetic: no code
             if isinstance(node.target, torch._ops.OpOverload) and isinstance(expr, sympy.Symbol):
                 return self._extern(node, symbol=expr)  # defines an unbacked symbol
-            raise LoweringError(node.name, str(node.target), f"size {expr} depends on unbound symbols")
+            raise LoweringError(
+                node.name, str(node.target), f"size {expr} depends on unbound symbols"
+            )
         if not isinstance(node.target, torch._ops.OpOverload):
             raise LoweringError(
                 node.name,
@@ -224,7 +229,7 @@ class GraphLowering:
                 "only ATen operator overloads can be lowered; trace the graph at the ATen "
                 "level (AOTAutograd, torch.export or make_fx) first",
             )
-        if val is _MISSING:
+        if val is _MISSING and node.target._schema.returns:
             raise LoweringError(
                 node.name,
                 str(node.target),
@@ -284,7 +289,7 @@ class GraphLowering:
             raise LoweringError(node.name, "getitem", f"cannot index {type(parent).__name__}")
         val = node.meta.get("val")
         layout = Layout.of(val) if isinstance(val, torch.Tensor) else None
-        out = MultiOutput(self._new_name("buf"), parent.name, int(index), layout)  # type: ignore[call-overload]  # index is an int from the graph
+        out = MultiOutput(self._new_name("buf"), parent.name, int_arg(index), layout)
         self.program.nodes.append(out)
         if layout is not None:
             self.layouts[out.name] = layout
@@ -340,7 +345,6 @@ class GraphLowering:
         self._counter += 1
         return name
 
-
     # -- loop mode: values, realization, mutation -------------------------------
 
     def tensor(self, arg: Any) -> LazyTensor:
@@ -378,7 +382,9 @@ class GraphLowering:
         if value.realized is not None:
             return value.realized
         whole = self.whole_buffer(value)
-        if whole is not None and not (copy_inputs and any(n.name == whole for n in self.program.inputs)):
+        if whole is not None and not (
+            copy_inputs and any(n.name == whole for n in self.program.inputs)
+        ):
             value.realized, value.borrowed = BufferRef(whole), True
             return value.realized
         layout = Layout.contiguous(value.device, value.dtype, value.size)
@@ -425,18 +431,23 @@ class GraphLowering:
                 item.realized = self.store(Pointwise(item.size, item.body()), layout)
                 item.borrowed = False
 
-    def mutate(self, target: Any, value: LazyTensor) -> BufferRef:
+    def mutate(self, target: Any, value: LazyTensor) -> Any:
         """Write `value` (broadcast and cast) into the buffer behind the FX argument
         `target`, in place: AOTAutograd's copy_ epilogues and in-place ops."""
         ref = self.env[target] if isinstance(target, torch.fx.Node) else target
         if isinstance(ref, LazyTensor):
             if _is_view(target):  # an alias: writing it writes what it aliases
                 whole = self.whole_buffer(ref)
-                ref = BufferRef(whole) if whole is not None else ref
+                if whole is None:
+                    return self._write_through_view(target, value)
+                ref = BufferRef(whole)
             elif ref.realized is None or ref.borrowed:
                 # a fresh value (clone, repeat...): it needs storage of its own
                 layout = Layout.contiguous(ref.device, ref.dtype, ref.size)
-                ref.realized, ref.borrowed = self.store(Pointwise(ref.size, ref.body()), layout), False
+                ref.realized, ref.borrowed = (
+                    self.store(Pointwise(ref.size, ref.body()), layout),
+                    False,
+                )
                 ref = ref.realized
             else:
                 ref = ref.realized
@@ -452,6 +463,58 @@ class GraphLowering:
         load = broadcast_loader(value, layout.size)
         body = cast(load(loop_vars(layout.ndim)), layout.dtype)
         return self.store(Pointwise(layout.size, body), layout, mutates=ref.name)
+
+    def _write_through_view(self, target: torch.fx.Node, value: LazyTensor) -> Any:
+        """Write into a view (a slice of a buffer, say): a Scatter into the base at
+        the view's own index. The chain of view nodes is lowered again over the
+        stored base, before the write (for the index) and after it (so that later
+        readers of the views read the new version)."""
+        chain: list[torch.fx.Node] = []
+        node: Any = target
+        while (
+            isinstance(node, torch.fx.Node)
+            and isinstance(node.target, torch._ops.OpOverload)
+            and _is_view(node)
+            and node.target in LOWERINGS
+        ):
+            chain.append(node)
+            node = node.args[0]
+        base = self.env.get(node) if isinstance(node, torch.fx.Node) else None
+        if not chain or base is None or isinstance(base, tuple):
+            raise LoweringError(
+                getattr(self.current_node, "name", "?"),
+                "in-place write",
+                "the destination is a view ember cannot trace back to a buffer; "
+                "functionalize the graph first (AOTAutograd and torch.export do)",
+            )
+        if isinstance(base, LazyTensor) and (base.realized is None or base.borrowed):
+            layout = Layout.contiguous(base.device, base.dtype, base.size)
+            base.realized, base.borrowed = (
+                self.store(Pointwise(base.size, base.body()), layout),
+                False,
+            )
+        base_ref = self.current(base.realized if isinstance(base, LazyTensor) else base)  # type: ignore[arg-type]  # realized above
+        for view_node in reversed(chain):
+            self.env[view_node] = LOWERINGS[view_node.target](self, view_node)  # type: ignore[index]  # an overload
+        view = self.env[target]
+        body = view.body() if isinstance(view, LazyTensor) else None
+        if (
+            not isinstance(body, Load)
+            or body.mask is not None
+            or body.indirect
+            or body.buffer != base_ref.name
+        ):
+            raise LoweringError(
+                getattr(self.current_node, "name", "?"),
+                "in-place write",
+                "the destination view does not read its base directly",
+            )
+        layout = self.layouts[base_ref.name]
+        update = cast(broadcast_loader(value, view.size)(loop_vars(view.ndim)), layout.dtype)
+        self.store(Scatter(view.size, body.index, (), update, None), layout, mutates=base_ref.name)
+        for view_node in reversed(chain):
+            self.env[view_node] = LOWERINGS[view_node.target](self, view_node)  # type: ignore[index]  # an overload
+        return self.env[target]
 
     def seed_buffer(self) -> str:
         """The name of the program's random seed (created on first use)."""
@@ -492,14 +555,17 @@ class GraphLowering:
         assert isinstance(node.target, torch._ops.OpOverload)
         for arg, value in zip(node.target._schema.arguments, node.args, strict=False):
             info = arg.alias_info
-            if info is not None and info.is_write and isinstance(value, torch.fx.Node):
-                if not isinstance(self.env[value], BufferRef):
-                    raise LoweringError(
-                        node.name,
-                        str(node.target),
-                        "the op writes an argument that is a view or an unstored value; "
-                        "functionalize the graph first (AOTAutograd and torch.export do)",
-                    )
+            if not isinstance(value, torch.fx.Node):
+                continue
+            written = info is not None and info.is_write
+            # a written lazy value read by nobody else may be passed as a stored copy
+            if written and not isinstance(self.env[value], BufferRef) and len(value.users) > 1:
+                raise LoweringError(
+                    node.name,
+                    str(node.target),
+                    "the op writes an argument that is a view or an unstored value; "
+                    "functionalize the graph first (AOTAutograd and torch.export do)",
+                )
 
     def args(self, node: torch.fx.Node) -> dict[str, Any]:
         """The node's arguments by schema name, defaults filled in."""
@@ -524,6 +590,16 @@ class GraphLowering:
         return tuple(as_expr(s) for s in self.out_val(node).shape)
 
 
+def int_arg(value: Any) -> int:
+    """An integer argument of an FX node (FX types them as any argument)."""
+    return int(value)
+
+
+def list_arg(value: Any) -> list[Any]:
+    """A list argument of an FX node."""
+    return list(value)
+
+
 def _inplace_lowering(op: torch._ops.OpOverload) -> LoweringFn | None:
     """`x.op_(...)` as the lowering of `op` followed by a write into x."""
     name = op._schema.name.split("::")[-1]
@@ -534,15 +610,15 @@ def _inplace_lowering(op: torch._ops.OpOverload) -> LoweringFn | None:
         return None
     packet = getattr(torch.ops.aten, name[:-1], None)
     functional = getattr(packet, op._overloadname, None) if packet is not None else None
-    lowering = LOWERINGS.get(functional) if functional is not None else None
-    if lowering is None:
+    if not isinstance(functional, torch._ops.OpOverload) or functional not in LOWERINGS:
         return None
-    fn = lowering
+    fn = LOWERINGS[functional]
+    target = functional
 
     def lower_inplace(lowering_: GraphLowering, node: torch.fx.Node) -> Any:
-        as_functional = type_cast(torch.fx.Node, _Retargeted(node, functional))
+        as_functional = type_cast(torch.fx.Node, _Retargeted(node, target))
         result = fn(lowering_, as_functional)
-        returns = functional._schema.returns
+        returns = target._schema.returns
         if returns and returns[0].alias_info is not None:
             # an in-place view op (squeeze_, t_...) changes the metadata of its
             # argument, not the data: later readers of the argument see the view

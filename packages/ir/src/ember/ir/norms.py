@@ -21,7 +21,7 @@ from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import c, op
 from ember.ir.reduction import acc_dtype, welford
 from ember.ir.symbolic import as_expr
-from ember.ir.tensor import Index, LazyTensor, cast, const
+from ember.ir.tensor import Index, LazyTensor, Loader, cast, const
 from ember.ir.views import reshape_map, view_of
 
 aten = torch.ops.aten
@@ -44,7 +44,9 @@ def _affine(x: Node, weight: Node | None, bias: Node | None) -> Node:
     return x
 
 
-def _typed(value: LazyTensor, dtype: torch.dtype, size: Sequence[sympy.Expr] | None = None) -> LazyTensor:
+def _typed(
+    value: LazyTensor, dtype: torch.dtype, size: Sequence[sympy.Expr] | None = None
+) -> LazyTensor:
     load = value.loader
     target = tuple(size) if size is not None else value.size
     reshape = reshape_map(value.size, target) if size is not None else None
@@ -92,7 +94,9 @@ def lower_group_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Lazy
     n, ch, groups = as_expr(a["N"]), as_expr(a["C"]), int(a["group"])
     per_group = sympy.sympify(ch / groups)
     rest = sympy.sympify(as_expr(a["HxW"]) * per_group)
-    grouped = view_of(x, (n, sympy.Integer(groups), rest), reshape_map(x.size, (n, sympy.Integer(groups), rest)))
+    grouped = view_of(
+        x, (n, sympy.Integer(groups), rest), reshape_map(x.size, (n, sympy.Integer(groups), rest))
+    )
     mean, m2, count = welford(lowering, grouped, [2])
     weight, bias = _optional(lowering, a["weight"]), _optional(lowering, a["bias"])
     eps = float(a["eps"])
@@ -102,14 +106,22 @@ def lower_group_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Lazy
     def out(index: Index) -> Node:
         group_index = [index[0], FloorDiv(index[1], per_group)]
         xs = cast(x.loader(index), dtype)
-        normed = op("mul", op("sub", xs, mean.loader(group_index)), _rstd(m2.loader(group_index), count, eps))
+        normed = op(
+            "mul",
+            op("sub", xs, mean.loader(group_index)),
+            _rstd(m2.loader(group_index), count, eps),
+        )
         w = weight.loader([index[1]]) if weight is not None else None
         b = bias.loader([index[1]]) if bias is not None else None
         return cast(_affine(normed, w, b), x.dtype)
 
     rstd = LazyTensor(x.device, dtype, mean.size, lambda i: _rstd(m2.loader(i), count, eps))
     vals = node.meta["val"]
-    return (LazyTensor(x.device, x.dtype, x.size, out), _typed(mean, vals[1].dtype), _typed(rstd, vals[2].dtype))
+    return (
+        LazyTensor(x.device, x.dtype, x.size, out),
+        _typed(mean, vals[1].dtype),
+        _typed(rstd, vals[2].dtype),
+    )
 
 
 @register_lowering(
@@ -125,23 +137,33 @@ def lower_batch_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Any,
     if x.ndim < 2:
         raise NotLowerable("batch norm of a tensor without a channel dimension")
     weight, bias = _optional(lowering, a["weight"]), _optional(lowering, a["bias"])
-    running_mean, running_var = _optional(lowering, a.get("running_mean")), _optional(lowering, a.get("running_var"))
+    running_mean, running_var = (
+        _optional(lowering, a.get("running_mean")),
+        _optional(lowering, a.get("running_var")),
+    )
     eps, momentum = float(a["eps"]), float(a["momentum"])
     dtype = acc_dtype(x.dtype)
     vals = node.meta["val"]
     updates: list[LazyTensor] = []
     if training:
         mean, m2, count = welford(lowering, x, [0, *range(2, x.ndim)])
-        mean_at = mean.loader
-        rstd_at = lambda i: _rstd(m2.loader(i), count, eps)  # noqa: E731
+        mean_at: Loader = mean.loader
+
+        def rstd_at(i: Index) -> Node:
+            return _rstd(m2.loader(i), count, eps)
+
         if running_mean is not None and running_var is not None:
             updates = _running_updates(mean, m2, count, running_mean, running_var, momentum)
     else:
         if running_mean is None or running_var is None:
             raise NotLowerable("batch norm in eval mode without running statistics")
         rm, rv = running_mean, running_var
-        mean_at = lambda i: cast(rm.loader(i), dtype)  # noqa: E731
-        rstd_at = lambda i: op("rsqrt", op("add", cast(rv.loader(i), dtype), const(eps, dtype)))  # noqa: E731
+
+        def mean_at(i: Index) -> Node:
+            return cast(rm.loader(i), dtype)
+
+        def rstd_at(i: Index) -> Node:
+            return op("rsqrt", op("add", cast(rv.loader(i), dtype), const(eps, dtype)))
 
     def out(index: Index) -> Node:
         channel = [index[1]]
@@ -154,10 +176,7 @@ def lower_batch_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Any,
     result: list[Any] = [LazyTensor(x.device, x.dtype, x.size, out)]
     for val, at in zip(vals[1:3], (mean_at, rstd_at), strict=True):
         size = tuple(as_expr(s) for s in val.shape)
-        if training:
-            result.append(LazyTensor(x.device, val.dtype, size, lambda i, f=at, t=val.dtype: cast(f(i), t)))
-        else:
-            result.append(LazyTensor(x.device, val.dtype, size, lambda i, t=val.dtype: const(0, t)))
+        result.append(LazyTensor(x.device, val.dtype, size, _stat_loader(at, val.dtype, training)))
     if node.target is aten._native_batch_norm_legit_functional.default:
         if not updates:
             raise NotLowerable("functional batch norm without running statistics")
@@ -168,8 +187,21 @@ def lower_batch_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Any,
     return tuple(result)
 
 
+def _stat_loader(at: Loader, dtype: torch.dtype, training: bool) -> Loader:
+    """Saved batch statistics (training), or the empty placeholders eval mode returns."""
+    if training:
+        return lambda i: cast(at(i), dtype)
+    zero = const(0, dtype)
+    return lambda i: zero
+
+
 def _running_updates(
-    mean: LazyTensor, m2: LazyTensor, count: sympy.Expr, rm: LazyTensor, rv: LazyTensor, momentum: float
+    mean: LazyTensor,
+    m2: LazyTensor,
+    count: sympy.Expr,
+    rm: LazyTensor,
+    rv: LazyTensor,
+    momentum: float,
 ) -> list[LazyTensor]:
     """running = (1 - momentum) * running + momentum * batch (unbiased variance)."""
 

@@ -80,7 +80,9 @@ def _window(
     body = Where(mask, guard(inner, mask), const(fill, dtype))
     ranges = tuple(out_size)
     layout = Layout.contiguous(x.device, torch.int64 if kind.startswith("arg") else dtype, ranges)
-    ref = lowering.store(Reduction(ranges, (sympy.Integer(kernel[0]), sympy.Integer(kernel[1])), kind, body), layout)
+    ref = lowering.store(
+        Reduction(ranges, (sympy.Integer(kernel[0]), sympy.Integer(kernel[1])), kind, body), layout
+    )
     return lowering.tensor(ref)
 
 
@@ -101,14 +103,18 @@ def lower_max_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Lazy
         return sympy.Integer(kernel[0]), sympy.Integer(kernel[1])
 
     args = (lowering, x, out_size, starts, kernel, dilation, limits)
-    values = _window(*args, "max", float("-inf"), x.dtype)  # type: ignore[arg-type]  # the tuple above
-    arg = _window(*args, "argmax", float("-inf"), x.dtype)  # type: ignore[arg-type]  # the tuple above
+    values = _window(*args, "max", float("-inf"), x.dtype)
+    arg = _window(*args, "argmax", float("-inf"), x.dtype)
 
     def index(i: Index) -> Node:
         k = arg.loader(i)
         h0, w0 = starts(i)
-        row = op("add", IndexExpr(h0), op("mul", op("floordiv", k, c(kernel[1], k)), c(dilation[0], k)))
-        col = op("add", IndexExpr(w0), op("mul", op("remainder", k, c(kernel[1], k)), c(dilation[1], k)))
+        row = op(
+            "add", IndexExpr(h0), op("mul", op("floordiv", k, c(kernel[1], k)), c(dilation[0], k))
+        )
+        col = op(
+            "add", IndexExpr(w0), op("mul", op("remainder", k, c(kernel[1], k)), c(dilation[1], k))
+        )
         return op("add", op("mul", row, IndexExpr(width)), col)
 
     return values, LazyTensor(x.device, torch.int64, out_size, index)
@@ -148,15 +154,22 @@ def lower_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor
         return cast(IndexExpr(counts[0] * counts[1]), dtype)
 
     return LazyTensor(
-        x.device, x.dtype, out_size, lambda i: cast(op("truediv", total.loader(i), divisor(i)), x.dtype)
+        x.device,
+        x.dtype,
+        out_size,
+        lambda i: cast(op("truediv", total.loader(i), divisor(i)), x.dtype),
     )
 
 
-def _adaptive(lowering: GraphLowering, node: torch.fx.Node, kind: str) -> tuple[LazyTensor, LazyTensor]:
+def _adaptive(
+    lowering: GraphLowering, node: torch.fx.Node, kind: str
+) -> tuple[LazyTensor, LazyTensor]:
     x = lowering.tensor(node.args[0])
     height, width = _ints(x.size[-2:])
-    out_size = tuple(sympy.Integer(int(s)) for s in lowering.out_val(node).shape) if kind == "sum" else tuple(
-        sympy.Integer(int(s)) for s in node.meta["val"][0].shape
+    out_size = (
+        tuple(sympy.Integer(int(s)) for s in lowering.out_val(node).shape)
+        if kind == "sum"
+        else tuple(sympy.Integer(int(s)) for s in node.meta["val"][0].shape)
     )
     oh, ow = int(out_size[-2]), int(out_size[-1])
     kernel = [
@@ -168,7 +181,9 @@ def _adaptive(lowering: GraphLowering, node: torch.fx.Node, kind: str) -> tuple[
         return FloorDiv(i[-2] * height, oh), FloorDiv(i[-1] * width, ow)
 
     def ends(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        return FloorDiv((i[-2] + 1) * height + oh - 1, oh), FloorDiv((i[-1] + 1) * width + ow - 1, ow)
+        return FloorDiv((i[-2] + 1) * height + oh - 1, oh), FloorDiv(
+            (i[-1] + 1) * width + ow - 1, ow
+        )
 
     def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
         (h0, w0), (h1, w1) = starts(i), ends(i)
@@ -205,12 +220,17 @@ def lower_adaptive_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> L
 
     val = lowering.out_val(node)
     return LazyTensor(
-        x.device, val.dtype, total.size, lambda i: cast(op("truediv", total.loader(i), count(i)), val.dtype)
+        x.device,
+        val.dtype,
+        total.size,
+        lambda i: cast(op("truediv", total.loader(i), count(i)), val.dtype),
     )
 
 
 @register_lowering(aten.adaptive_max_pool2d.default)
-def lower_adaptive_max_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, LazyTensor]:
+def lower_adaptive_max_pool2d(
+    lowering: GraphLowering, node: torch.fx.Node
+) -> tuple[LazyTensor, LazyTensor]:
     return _adaptive(lowering, node, "max")
 
 
@@ -231,7 +251,9 @@ def lower_upsample_bilinear2d(lowering: GraphLowering, node: torch.fx.Node) -> L
         scales = [a["scales_h"], a["scales_w"]]
     dtype = acc_dtype(layout.dtype)
 
-    def source(o: sympy.Expr, n_in: int, n_out: int, scale: float | None) -> tuple[Node, Node, Node]:
+    def source(
+        o: sympy.Expr, n_in: int, n_out: int, scale: float | None
+    ) -> tuple[Node, Node, Node]:
         pos = cast(IndexExpr(o), dtype)
         if align:
             ratio = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
@@ -250,14 +272,22 @@ def lower_upsample_bilinear2d(lowering: GraphLowering, node: torch.fx.Node) -> L
         prefix = list(index[:-2])
 
         def at(row: Node, col: Node) -> Node:
-            offset = layout.offset + indirect_var(0) * layout.stride[-2] + indirect_var(1) * layout.stride[-1]
+            offset = (
+                layout.offset
+                + indirect_var(0) * layout.stride[-2]
+                + indirect_var(1) * layout.stride[-1]
+            )
             for i, stride in zip(prefix, layout.stride[:-2], strict=True):
                 offset = offset + i * stride
-            return cast(Load(name, simplify_index(offset), layout.dtype, indirect=(row, col)), dtype)
+            return cast(
+                Load(name, simplify_index(offset), layout.dtype, indirect=(row, col)), dtype
+            )
 
         one = c(1.0, lh)
         top = op("add", op("mul", at(h0, w0), op("sub", one, lw)), op("mul", at(h0, w1), lw))
         bottom = op("add", op("mul", at(h1, w0), op("sub", one, lw)), op("mul", at(h1, w1), lw))
-        return cast(op("add", op("mul", top, op("sub", one, lh)), op("mul", bottom, lh)), layout.dtype)
+        return cast(
+            op("add", op("mul", top, op("sub", one, lh)), op("mul", bottom, lh)), layout.dtype
+        )
 
     return LazyTensor(layout.device, layout.dtype, out_size, load)

@@ -98,7 +98,9 @@ def _random(distribution: str) -> Any:
             raise NotLowerable("random integers")
         drawn = draw(lowering, lowering.out_size(node), distribution, val.device)
         load = drawn.loader
-        return LazyTensor(val.device, val.dtype, drawn.size, lambda index: cast(load(index), val.dtype))
+        return LazyTensor(
+            val.device, val.dtype, drawn.size, lambda index: cast(load(index), val.dtype)
+        )
 
     return lower
 
@@ -118,7 +120,11 @@ def lower_bernoulli(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     prob = a.get("p")
 
     def load(index: Index) -> Node:
-        p = cast(source.loader(index), torch.float32) if prob is None else c(float(prob), drawn(index))
+        p = (
+            cast(source.loader(index), torch.float32)
+            if prob is None
+            else c(float(prob), drawn(index))
+        )
         return cast(op("lt", drawn(index), p), val.dtype)
 
     return LazyTensor(val.device, val.dtype, source.size, load)
@@ -162,7 +168,10 @@ def _transformed(
     drawn = draw(lowering, size, distribution, val.device).loader
     compute = torch.float64 if val.dtype == torch.float64 else torch.float32
     return LazyTensor(
-        val.device, val.dtype, size, lambda index: cast(transform(cast(drawn(index), compute), a), val.dtype)
+        val.device,
+        val.dtype,
+        size,
+        lambda index: cast(transform(cast(drawn(index), compute), a), val.dtype),
     )
 
 
@@ -198,6 +207,15 @@ def _geometric(u: Node, a: dict[str, Any]) -> Node:
     return op("ceil", op("truediv", op("log1p", op("neg", u)), op("log1p", op("neg", p))))
 
 
+def _register_transform(
+    ops: tuple[torch._ops.OpOverload, ...], distribution: str, transform: Any
+) -> None:
+    def lower(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+        return _transformed(lowering, node, distribution, transform)
+
+    register_lowering(*ops)(lower)
+
+
 for _ops, _dist, _fn in (
     ((aten.uniform.default,), "uniform", _uniform),
     ((aten.normal_functional.default, aten.normal.float_float), "normal", _normal),
@@ -206,9 +224,7 @@ for _ops, _dist, _fn in (
     ((aten.log_normal.default,), "normal", _log_normal),
     ((aten.geometric.default,), "uniform", _geometric),
 ):
-    register_lowering(*_ops)(
-        lambda lowering, node, d=_dist, f=_fn: _transformed(lowering, node, d, f)
-    )
+    _register_transform(_ops, _dist, _fn)
 
 
 @register_lowering(
@@ -221,10 +237,17 @@ def lower_randint(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
         raise NotLowerable("symbolic or tensor randint bounds")
 
     def pick(u: Node, _: dict[str, Any]) -> Node:
-        scaled = op("floor", op("mul", cast(u, torch.float64), const(float(high - low), torch.float64)))
+        scaled = op(
+            "floor", op("mul", cast(u, torch.float64), const(float(high - low), torch.float64))
+        )
         return op("add", scaled, const(float(low), torch.float64))
 
     return _transformed(lowering, node, "uniform", pick)
+
+
+def _constant_loader(value: float) -> Any:
+    node = const(value, torch.float32)
+    return lambda index: node
 
 
 @register_lowering(aten.normal.Tensor_Tensor, aten.normal.Tensor_float, aten.normal.float_Tensor)
@@ -239,7 +262,7 @@ def lower_normal_tensors(lowering: GraphLowering, node: torch.fx.Node) -> LazyTe
         if isinstance(arg, torch.fx.Node):
             parts[name] = broadcast_loader(lowering.tensor(arg), size)
         else:
-            parts[name] = lambda index, v=float(arg): const(v, torch.float32)
+            parts[name] = _constant_loader(float(arg))
 
     def load(index: Index) -> Node:
         n = drawn(index)

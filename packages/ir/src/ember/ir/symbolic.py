@@ -22,9 +22,9 @@ def as_expr(value: Any) -> sympy.Expr:
     """An int, bool, float or torch Sym* value as a sympy expression."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         expr = value.node.expr
-        return sympy.sympify(expr) if not isinstance(expr, sympy.Basic) else expr  # type: ignore[no-any-return]  # sympy is untyped
+        return sympy.sympify(expr) if not isinstance(expr, sympy.Basic) else expr
     if isinstance(value, bool):
-        return sympy.true if value else sympy.false  # type: ignore[no-any-return]  # sympy is untyped
+        return sympy.true if value else sympy.false
     if isinstance(value, int):
         return sympy.Integer(value)
     if isinstance(value, float):
@@ -85,8 +85,10 @@ def _indirect_var(position: int) -> sympy.Symbol:
 
 
 def is_loop_var(symbol: sympy.Basic) -> bool:
-    return isinstance(symbol, sympy.Symbol) and symbol.name[:1] in ("i", "r") and (
-        symbol.name[1:].isdigit()
+    return (
+        isinstance(symbol, sympy.Symbol)
+        and symbol.name[:1] in ("i", "r")
+        and (symbol.name[1:].isdigit())
     )
 
 

@@ -60,7 +60,9 @@ def verify(program: Program) -> None:
                 raise VerificationError(
                     f"{program.name}: {item.name!r} reads {read!r}, which is not defined before it"
                 )
-            if read in superseded and not (isinstance(item, ComputedBuffer) and item.mutates == read):
+            if read in superseded and not (
+                isinstance(item, ComputedBuffer) and item.mutates == read
+            ):
                 raise VerificationError(
                     f"{program.name}: {item.name!r} reads {read!r} after {superseded[read]!r} "
                     "overwrote it; read the new name"
@@ -114,7 +116,7 @@ def _check_loop(
         raise VerificationError(f"{where}: stores {loop.dtype} in a {buffer.layout.dtype} buffer")
     if (isinstance(loop, Scatter) or buffer.mutates) and buffer.mutates not in layouts:
         raise VerificationError(f"{where}: writes {buffer.mutates!r}, which is not a buffer")
-    extents = {n: l.storage_extent() for n, l in layouts.items()}
+    extents = {name: lay.storage_extent() for name, lay in layouts.items()}
     ranges = {index_var("i", d): r for d, r in enumerate(loop.ranges)}
     if isinstance(loop, Reduction):
         ranges |= {index_var("r", d): r for d, r in enumerate(loop.reduction_ranges)}
@@ -139,7 +141,9 @@ def _check_node(
         if layout is None:
             raise VerificationError(f"{where}: loads {node.buffer!r}, which is not a live buffer")
         if layout.dtype != node.dtype:
-            raise VerificationError(f"{where}: loads {layout.dtype} {node.buffer!r} as {node.dtype}")
+            raise VerificationError(
+                f"{where}: loads {layout.dtype} {node.buffer!r} as {node.dtype}"
+            )
         if node.mask is not None and node.mask.dtype != torch.bool:
             raise VerificationError(f"{where}: mask of a load of {node.buffer!r} is not bool")
         indirect = {indirect_var(k) for k in range(len(node.indirect))}
@@ -176,14 +180,18 @@ def _check_node(
 def _check_symbols(where: str, expr: sympy.Expr, allowed: set[sympy.Symbol]) -> None:
     stray = sympy.sympify(expr).free_symbols - allowed
     if stray:
-        raise VerificationError(f"{where}: index {expr} uses unknown symbols {sorted(map(str, stray))}")
+        raise VerificationError(
+            f"{where}: index {expr} uses unknown symbols {sorted(map(str, stray))}"
+        )
 
 
 def _check_bounds(
     where: str, node: Load, extent: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]
 ) -> None:
     """Loads whose index range is computable from static sizes stay in the buffer."""
-    if not isinstance(extent, sympy.Integer) or not all(isinstance(r, sympy.Integer) for r in ranges.values()):
+    if not isinstance(extent, sympy.Integer) or not all(
+        isinstance(r, sympy.Integer) for r in ranges.values()
+    ):
         return
     index = sympy.sympify(node.index)
     if index.free_symbols - set(ranges):
@@ -193,7 +201,7 @@ def _check_bounds(
     bounds = {v: ValueRanges(0, int(r) - 1) for v, r in ranges.items() if v in index.free_symbols}
     try:
         found = bound_sympy(index, bounds)
-    except Exception:  # noqa: BLE001 - an expression the range analysis cannot bound
+    except Exception:
         return
     low, high = found.lower, found.upper
     if (low.is_number and low < 0) or (high.is_number and high >= int(extent)):
