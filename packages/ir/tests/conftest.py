@@ -4,7 +4,7 @@ with loops on, verify, run it through the interpreter and compare with eager."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -13,14 +13,16 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ember.graphpasses import ember_decompositions
 from ember.ir import LoweringOptions, Program, lower_graph, run_program, verify
 
-
-def trace(fn: Callable[..., Any], *args: Any, mode: str = "real") -> torch.fx.GraphModule:
-    return make_fx(
-        torch.func.functionalize(fn), decomposition_table=ember_decompositions(), tracing_mode=mode
-    )(*args)
+Mode = Literal["real", "fake", "symbolic"]
 
 
-def lower(fn: Callable[..., Any], *args: Any, mode: str = "real", **options: Any) -> Program:
+def trace(fn: Callable[..., Any], *args: Any, mode: Mode = "real") -> torch.fx.GraphModule:
+    table: Any = ember_decompositions()
+    tracer = make_fx(torch.func.functionalize(fn), decomposition_table=table, tracing_mode=mode)
+    return tracer(*args)
+
+
+def lower(fn: Callable[..., Any], *args: Any, mode: Mode = "real", **options: Any) -> Program:
     options.setdefault("loops", True)
     options.setdefault("allow_fallback", False)
     program = lower_graph(trace(fn, *args, mode=mode), options=LoweringOptions(**options))
@@ -64,3 +66,13 @@ def _seed() -> None:
 
 
 __all__: Sequence[str] = ["check", "computed", "lower", "trace"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests (the full OpInfo sweep) run only when asked for with `-m slow`."""
+    if "slow" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ class Outcome:
 
 
 def op_key(info: Any) -> str:
-    return info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+    return str(info.name) + (f".{info.variant_test_name}" if info.variant_test_name else "")
 
 
 def _call(info: Any, flat: list[Any], spec: Any, idx: list[int]) -> Any:
@@ -82,7 +81,7 @@ def _clone(tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> lis
 def _close(actual: Any, expected: Any, dtype: torch.dtype) -> str:
     """'' when equal enough, else why not."""
     try:
-        return _compare(actual, expected, dtype)
+        return str(_compare(actual, expected, dtype))
     except Exception as e:
         return f"cannot compare: {type(e).__name__}"
 
@@ -132,9 +131,8 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
     )
     unspecified = info.name.split(".")[-1] in UNSPECIFIED or random
     try:
-        gm = make_fx(torch.func.functionalize(fn), decomposition_table=ember_decompositions())(
-            *_clone(tensors)
-        )
+        table: Any = ember_decompositions()
+        gm = make_fx(torch.func.functionalize(fn), decomposition_table=table)(*_clone(tensors))
     except Exception as e:
         return Outcome(key, "error", f"trace: {type(e).__name__}: {str(e)[:80]}")
     random = random or any(
@@ -168,9 +166,11 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
             key, "mismatch", f"{len(act_flat)} outputs, expected {len(exp_flat)}", externs
         )
     if unspecified:
-        for a, e in zip(act_flat, exp_flat, strict=True):
-            if isinstance(e, torch.Tensor) and (
-                not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype
+        for got, want in zip(act_flat, exp_flat, strict=True):
+            if isinstance(want, torch.Tensor) and (
+                not isinstance(got, torch.Tensor)
+                or got.shape != want.shape
+                or got.dtype != want.dtype
             ):
                 return Outcome(key, "mismatch", "shape/dtype of an unspecified output", externs)
         return Outcome(key, "pass", "shape-only (random or unspecified values)", externs)
@@ -183,21 +183,25 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
             reference = pytree.tree_leaves(fn(*ref_inputs))
         except Exception:
             reference, ref_inputs = exp_flat, eager_inputs
-    for k, (a, e, r) in enumerate(zip(act_flat, exp_flat, reference, strict=True)):
-        why = _close(a, r, dtype)
-        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor) and a.dtype != e.dtype:
-            why = f"dtype {a.dtype} != {e.dtype}"
+    for k, (got, want, ref) in enumerate(zip(act_flat, exp_flat, reference, strict=True)):
+        why = _close(got, ref, dtype)
+        if (
+            isinstance(want, torch.Tensor)
+            and isinstance(got, torch.Tensor)
+            and got.dtype != want.dtype
+        ):
+            why = f"dtype {got.dtype} != {want.dtype}"
         if why and (
             why.startswith("dtype")
-            or _close(a, e, torch.float32 if dtype != torch.float32 else dtype)
+            or _close(got, want, torch.float32 if dtype != torch.float32 else dtype)
         ):
             if _graph_differs(gm, tensors, exp_flat, dtype):
                 return Outcome(
                     key, "error", f"decomposed graph itself differs from eager: {why}", externs
                 )
             return Outcome(key, "mismatch", f"output {k}: {why}", externs)
-    for k, (a, e) in enumerate(zip(ours_inputs, eager_inputs, strict=True)):
-        why = _close(a, e, dtype)
+    for k, (got, want) in enumerate(zip(ours_inputs, eager_inputs, strict=True)):
+        why = _close(got, want, dtype)
         if why:
             return Outcome(key, "mismatch", f"mutated input {k}: {why}", externs)
     return Outcome(key, "pass", "", externs)
@@ -226,7 +230,7 @@ def sweep(dtype: torch.dtype, allow_fallback: bool, names: set[str] | None = Non
     for info in op_db:
         if names is not None and op_key(info) not in names:
             continue
-        if dtype not in info.supported_dtypes("cpu"):
+        if dtype not in info.supported_dtypes("cpu"):  # type: ignore[no-untyped-call]  # untyped in torch
             results.append(Outcome(op_key(info), "skip", "dtype not supported by eager"))
             continue
         results.append(check(info, dtype, allow_fallback))
@@ -262,4 +266,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

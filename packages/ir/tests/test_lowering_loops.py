@@ -8,7 +8,12 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as F
-from conftest import check, computed, lower, trace
+from conftest import (  # type: ignore[import-not-found]  # pytest puts tests/ on sys.path
+    check,
+    computed,
+    lower,
+    trace,
+)
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.ir import (
@@ -155,7 +160,7 @@ def test_factories_match_eager() -> None:
 
 
 def test_input_mutation_is_written_back() -> None:
-    def mutate(x, y):  # type: ignore[no-untyped-def]
+    def mutate(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         x.add_(y)
         x[0].mul_(2)
         return x.sum()
@@ -172,7 +177,7 @@ def test_input_mutation_is_written_back() -> None:
 
 
 def test_random_is_deterministic_per_seed_and_well_distributed() -> None:
-    def draws(x):  # type: ignore[no-untyped-def]
+    def draws(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return torch.rand(20000), torch.randn(20000), F.dropout(x, 0.25, training=True)
 
     x = torch.ones(20000)
@@ -194,7 +199,7 @@ def test_random_is_deterministic_per_seed_and_well_distributed() -> None:
 
 
 def test_symbolic_sizes_are_never_specialised() -> None:
-    def fn(x, y):  # type: ignore[no-untyped-def]
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x @ y.t() + x.sum(1, keepdim=True), -1).reshape(-1)[1:]
 
     x, y = torch.randn(4, 6), torch.randn(5, 6)
@@ -264,7 +269,7 @@ def test_transformer_block_lowers_to_loops_and_matches_eager() -> None:
 
 
 def test_writes_through_views_of_fresh_tensors() -> None:
-    def fn(x):  # type: ignore[no-untyped-def]
+    def fn(x: torch.Tensor) -> torch.Tensor:
         y = x.clone()
         y[:, 1:3].mul_(2)
         y[0].zero_()
