@@ -28,16 +28,18 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from typing import cast as type_cast
 
 import sympy
 import torch
 import torch.fx
 
 from ember.ir.errors import LoweringError
-from ember.ir.expr import Load, loads
+from ember.ir.errors import NotLowerable as NotLowerable
+from ember.ir.expr import Load
+from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
 from ember.ir.layout import Layout
-from ember.ir.loops import Loop, Pointwise, Scatter
+from ember.ir.loops import Loop, Pointwise
+from ember.ir.mutation import inplace_lowering, mutate, snapshot_readers
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -52,49 +54,12 @@ from ember.ir.nodes import (
 )
 from ember.ir.program import Program
 from ember.ir.symbolic import as_expr, loop_vars, simplify_index
-from ember.ir.tensor import LazyTensor, broadcast_loader, buffer_loader, cast
+from ember.ir.tensor import LazyTensor, buffer_loader
 
 log = logging.getLogger("ember.ir")
 aten = torch.ops.aten
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-# Ops that stay ATen calls by design, and why. Each is a library routine that generated
-# loops would not beat or cannot express; everything else without a lowering is a
-# fallback (logged, and an error under EMBER_FALLBACK=0).
-_EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
-    # vendor BLAS/cuBLAS/oneDNN kernels beat generated loops
-    "matmul": ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addbmm",
-               "_scaled_mm", "_int_mm", "_cdist_forward", "_weight_int8pack_mm"),
-    "convolution": ("convolution", "convolution_backward", "_convolution"),
-    "attention": tuple(
-        f"_scaled_dot_product_{kind}{suffix}"
-        for kind in ("flash_attention", "efficient_attention", "cudnn_attention",
-                     "flash_attention_for_cpu")
-        for suffix in ("", "_backward")
-    ),
-    # LAPACK/cuSOLVER factorizations and solvers: iterative, pivoting, not loop nests
-    "linalg": ("linalg_cholesky_ex", "linalg_eig", "_linalg_eigh", "linalg_inv_ex",
-               "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lstsq", "linalg_lu",
-               "linalg_lu_factor_ex", "linalg_lu_solve", "linalg_matrix_exp", "linalg_qr",
-               "linalg_solve_triangular", "linalg_householder_product", "_linalg_svd",
-               "_linalg_solve_ex", "_linalg_slogdet", "_linalg_det", "_linalg_check_errors",
-               "cholesky_solve", "cholesky_inverse", "triangular_solve", "geqrf", "ormqr",
-               "lu_unpack", "linalg_pinv", "linalg_polar", "linalg_matrix_sqrth"),
-    # FFT libraries (pocketfft, cuFFT); complex results are outside the loop IR
-    "fft": ("_fft_r2c", "_fft_c2c", "_fft_c2r"),
-    # sorting and selection: need a Sort node (planned, ARCHITECTURE.md)
-    "sort": ("sort", "topk", "kthvalue", "median", "nanmedian", "mode", "searchsorted",
-             "bucketize", "_unique2", "unique_consecutive", "unique_dim", "msort", "argsort"),
-    # results whose size depends on the data: the IR's sizes are known before running
-    "data_dependent": ("nonzero", "masked_select"),
-}  # fmt: skip
-INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
-    getattr(aten, name)
-    for names in _EXTERN_GROUPS.values()
-    for name in names
-    if hasattr(aten, name)
-)
 
 
 @dataclass(frozen=True)
@@ -112,11 +77,6 @@ class LoweringOptions:
     loops: bool = False
     realize_cost: int = 8
     max_inline_cost: int = 200
-
-
-class NotLowerable(Exception):
-    """Raised by a lowering that does not handle this node's arguments (a complex
-    dtype, a data-dependent shape...): the node becomes an extern instead."""
 
 
 # The lowering table: ATen overload -> function building IR for one node (used with
@@ -237,7 +197,7 @@ class GraphLowering:
             )
         declined = ""
         if self.options.loops:
-            lowering = LOWERINGS.get(node.target) or _inplace_lowering(node.target)
+            lowering = LOWERINGS.get(node.target) or inplace_lowering(node.target)
             if lowering is not None and not _has_complex(node):
                 try:
                     return self._maybe_realize(node, lowering(self, node))
@@ -406,7 +366,7 @@ class GraphLowering:
     def store(self, loop: Loop, layout: Layout, *, mutates: str | None = None) -> BufferRef:
         """Add a ComputedBuffer for `loop` and return a reference to it."""
         if mutates is not None:
-            self._snapshot_readers(mutates)
+            snapshot_readers(self, mutates)
         name = self._new_name("buf")
         origin = self.current_node.name if self.current_node is not None else ""
         self.add(ComputedBuffer(name, layout, loop, mutates, origin))
@@ -415,106 +375,9 @@ class GraphLowering:
             self.versions[mutates] = name
         return BufferRef(name)
 
-    def _snapshot_readers(self, buffer: str) -> None:
-        """Store every pending lazy value that reads `buffer` before it is overwritten:
-        those values were computed before the mutation in program order."""
-        pending: list[LazyTensor] = []
-        for fx_node, value in self.env.items():
-            if not fx_node.users:
-                continue
-            for item in value if isinstance(value, tuple) else (value,):
-                if isinstance(item, LazyTensor) and (item.realized is None or item.borrowed):
-                    pending.append(item)
-        for item in pending:
-            if any(load.buffer == buffer for load in loads(item.body())):
-                layout = Layout.contiguous(item.device, item.dtype, item.size)
-                item.realized = self.store(Pointwise(item.size, item.body()), layout)
-                item.borrowed = False
-
     def mutate(self, target: Any, value: LazyTensor) -> Any:
-        """Write `value` (broadcast and cast) into the buffer behind the FX argument
-        `target`, in place: AOTAutograd's copy_ epilogues and in-place ops."""
-        ref = self.env[target] if isinstance(target, torch.fx.Node) else target
-        if isinstance(ref, LazyTensor):
-            if _is_view(target):  # an alias: writing it writes what it aliases
-                whole = self.whole_buffer(ref)
-                if whole is None:
-                    return self._write_through_view(target, value)
-                ref = BufferRef(whole)
-            elif ref.realized is None or ref.borrowed:
-                # a fresh value (clone, repeat...): it needs storage of its own
-                layout = Layout.contiguous(ref.device, ref.dtype, ref.size)
-                ref.realized, ref.borrowed = (
-                    self.store(Pointwise(ref.size, ref.body()), layout),
-                    False,
-                )
-                ref = ref.realized
-            else:
-                ref = ref.realized
-        if not isinstance(ref, BufferRef):
-            raise LoweringError(
-                getattr(self.current_node, "name", "?"),
-                "in-place write",
-                "the destination is a view or an unstored intermediate; functionalize the "
-                "graph first (AOTAutograd and torch.export do)",
-            )
-        ref = self.current(ref)
-        layout = self.layouts[ref.name]
-        load = broadcast_loader(value, layout.size)
-        body = cast(load(loop_vars(layout.ndim)), layout.dtype)
-        return self.store(Pointwise(layout.size, body), layout, mutates=ref.name)
-
-    def _write_through_view(self, target: torch.fx.Node, value: LazyTensor) -> Any:
-        """Write into a view (a slice of a buffer, say): a Scatter into the base at
-        the view's own index. The chain of view nodes is lowered again over the
-        stored base, before the write (for the index) and after it (so that later
-        readers of the views read the new version)."""
-        chain: list[torch.fx.Node] = []
-        node: Any = target
-        while (
-            isinstance(node, torch.fx.Node)
-            and isinstance(node.target, torch._ops.OpOverload)
-            and _is_view(node)
-            and node.target in LOWERINGS
-        ):
-            chain.append(node)
-            node = node.args[0]
-        base = self.env.get(node) if isinstance(node, torch.fx.Node) else None
-        if not chain or base is None or isinstance(base, tuple):
-            raise LoweringError(
-                getattr(self.current_node, "name", "?"),
-                "in-place write",
-                "the destination is a view ember cannot trace back to a buffer; "
-                "functionalize the graph first (AOTAutograd and torch.export do)",
-            )
-        if isinstance(base, LazyTensor) and (base.realized is None or base.borrowed):
-            layout = Layout.contiguous(base.device, base.dtype, base.size)
-            base.realized, base.borrowed = (
-                self.store(Pointwise(base.size, base.body()), layout),
-                False,
-            )
-        base_ref = self.current(base.realized if isinstance(base, LazyTensor) else base)  # type: ignore[arg-type]  # realized above
-        for view_node in reversed(chain):
-            self.env[view_node] = LOWERINGS[view_node.target](self, view_node)  # type: ignore[index]  # an overload
-        view = self.env[target]
-        body = view.body() if isinstance(view, LazyTensor) else None
-        if (
-            not isinstance(body, Load)
-            or body.mask is not None
-            or body.indirect
-            or body.buffer != base_ref.name
-        ):
-            raise LoweringError(
-                getattr(self.current_node, "name", "?"),
-                "in-place write",
-                "the destination view does not read its base directly",
-            )
-        layout = self.layouts[base_ref.name]
-        update = cast(broadcast_loader(value, view.size)(loop_vars(view.ndim)), layout.dtype)
-        self.store(Scatter(view.size, body.index, (), update, None), layout, mutates=base_ref.name)
-        for view_node in reversed(chain):
-            self.env[view_node] = LOWERINGS[view_node.target](self, view_node)  # type: ignore[index]  # an overload
-        return self.env[target]
+        """Write `value` into the buffer behind `target` in place (ember.ir.mutation)."""
+        return mutate(self, target, value)
 
     def seed_buffer(self) -> str:
         """The name of the program's random seed (created on first use)."""
@@ -598,56 +461,6 @@ def int_arg(value: Any) -> int:
 def list_arg(value: Any) -> list[Any]:
     """A list argument of an FX node."""
     return list(value)
-
-
-def _inplace_lowering(op: torch._ops.OpOverload) -> LoweringFn | None:
-    """`x.op_(...)` as the lowering of `op` followed by a write into x."""
-    name = op._schema.name.split("::")[-1]
-    args = op._schema.arguments
-    if not name.endswith("_") or not args or args[0].alias_info is None:
-        return None
-    if not args[0].alias_info.is_write:
-        return None
-    packet = getattr(torch.ops.aten, name[:-1], None)
-    functional = getattr(packet, op._overloadname, None) if packet is not None else None
-    if not isinstance(functional, torch._ops.OpOverload) or functional not in LOWERINGS:
-        return None
-    fn = LOWERINGS[functional]
-    target = functional
-
-    def lower_inplace(lowering_: GraphLowering, node: torch.fx.Node) -> Any:
-        as_functional = type_cast(torch.fx.Node, _Retargeted(node, target))
-        result = fn(lowering_, as_functional)
-        returns = target._schema.returns
-        if returns and returns[0].alias_info is not None:
-            # an in-place view op (squeeze_, t_...) changes the metadata of its
-            # argument, not the data: later readers of the argument see the view
-            lowering_.env[node.args[0]] = result  # type: ignore[index]  # an FX node
-            return result
-        if not isinstance(result, LazyTensor):
-            raise NotLowerable("in-place variant of a multi-output op")
-        return lowering_.mutate(node.args[0], result)
-
-    return lower_inplace
-
-
-class _Retargeted:
-    """An FX node seen as a call of another overload (same args, meta and users)."""
-
-    def __init__(self, node: torch.fx.Node, target: Any) -> None:
-        self._node = node
-        self.target = target
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node, name)
-
-
-def _is_view(node: Any) -> bool:
-    """The FX node's value aliases another tensor (writing it must write that one)."""
-    if not isinstance(node, torch.fx.Node) or not isinstance(node.target, torch._ops.OpOverload):
-        return not (isinstance(node, torch.fx.Node) and node.op == "placeholder")
-    returns = node.target._schema.returns
-    return bool(returns) and returns[0].alias_info is not None
 
 
 def _has_complex(node: torch.fx.Node) -> bool:
