@@ -191,6 +191,24 @@ def _register_polynomials() -> None:
 _register_polynomials()
 
 
+@register_lowering(aten.ldexp.Tensor)
+def lower_ldexp(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    return elementwise(
+        lowering, node, node.args[:2], Kind.INT_TO_FLOAT, lambda x, e: op("mul", x, op("exp2", e))
+    )
+
+
+@register_lowering(aten.angle.default)
+def lower_angle(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    """The argument of a real number: pi below zero, 0 otherwise, NaN kept."""
+
+    def angle(x: Node) -> Node:
+        turned = Where(op("lt", x, c(0, x)), c(math.pi, x), c(0, x))
+        return Where(op("isnan", x), x, turned)
+
+    return elementwise(lowering, node, node.args[:1], Kind.INT_TO_FLOAT, angle)
+
+
 # -- activations ----------------------------------------------------------------------
 
 

@@ -129,11 +129,13 @@ def lower_group_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Lazy
     aten._native_batch_norm_legit_functional.default,
     aten._native_batch_norm_legit_no_training.default,
     aten._native_batch_norm_legit.default,
+    aten._batch_norm_with_update_functional.default,
 )
 def lower_batch_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Any, ...]:
     a = lowering.args(node)
     x = lowering.tensor(a["input"])
-    training = bool(a.get("training", False))
+    with_update = node.target is aten._batch_norm_with_update_functional.default
+    training = with_update or bool(a.get("training", False))
     if x.ndim < 2:
         raise NotLowerable("batch norm of a tensor without a channel dimension")
     weight, bias = _optional(lowering, a["weight"]), _optional(lowering, a["bias"])
@@ -177,6 +179,17 @@ def lower_batch_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Any,
     for val, at in zip(vals[1:3], (mean_at, rstd_at), strict=True):
         size = tuple(as_expr(s) for s in val.shape)
         result.append(LazyTensor(x.device, val.dtype, size, _stat_loader(at, val.dtype, training)))
+    if with_update:  # (out, mean, rstd, reserve, new running mean, new running var)
+        if not updates:
+            raise NotLowerable("batch norm with update but without running statistics")
+        reserve = vals[3]
+        empty = LazyTensor(
+            x.device,
+            reserve.dtype,
+            tuple(as_expr(s) for s in reserve.shape),
+            _stat_loader(mean_at, reserve.dtype, False),
+        )
+        return (*result, empty, *updates)
     if node.target is aten._native_batch_norm_legit_functional.default:
         if not updates:
             raise NotLowerable("functional batch norm without running statistics")
