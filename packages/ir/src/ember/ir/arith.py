@@ -28,7 +28,9 @@ def lower_add_sub(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     name = "add" if node.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
     alpha = a["alpha"]
     if alpha is None or alpha == 1:
-        return elementwise(lowering, node, [a["self"], a["other"]], Kind.DEFAULT, lambda x, y: op(name, x, y))
+        return elementwise(
+            lowering, node, [a["self"], a["other"]], Kind.DEFAULT, lambda x, y: op(name, x, y)
+        )
     if isinstance(alpha, torch.fx.Node):
         raise NotLowerable("symbolic alpha")
     return elementwise(
@@ -46,12 +48,16 @@ def lower_rsub(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     alpha = a["alpha"]
     if alpha not in (None, 1):
         raise NotLowerable("rsub with alpha")
-    return elementwise(lowering, node, [a["self"], a["other"]], Kind.DEFAULT, lambda x, y: op("sub", y, x))
+    return elementwise(
+        lowering, node, [a["self"], a["other"]], Kind.DEFAULT, lambda x, y: op("sub", y, x)
+    )
 
 
 @register_lowering(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor)
 def lower_div(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
-    return elementwise(lowering, node, node.args[:2], Kind.INT_TO_FLOAT, lambda x, y: op("truediv", x, y))
+    return elementwise(
+        lowering, node, node.args[:2], Kind.INT_TO_FLOAT, lambda x, y: op("truediv", x, y)
+    )
 
 
 @register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode, aten.floor_divide.default)
@@ -66,7 +72,9 @@ def lower_div_mode(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     return elementwise(lowering, node, node.args[:2], Kind.DEFAULT, lambda x, y: op(name, x, y))
 
 
-@register_lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+@register_lowering(
+    aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar
+)
 def lower_where(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     cond, x, y = node.args[:3]
     compute, _ = promote(lowering, [x, y], Kind.NO_OPMATH)
@@ -115,14 +123,18 @@ def lower_copy(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     val = lowering.out_val(node)
     source = lowering.tensor(node.args[0])
     load = broadcast_loader(source, lowering.out_size(node))
-    return LazyTensor(val.device, val.dtype, source.size, lambda index: cast(load(index), val.dtype))
+    return LazyTensor(
+        val.device, val.dtype, source.size, lambda index: cast(load(index), val.dtype)
+    )
 
 
 @register_lowering(aten.copy.default)
 def lower_functional_copy(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     val = lowering.out_val(node)
     load = broadcast_loader(lowering.tensor(node.args[1]), lowering.out_size(node))
-    return LazyTensor(val.device, val.dtype, lowering.out_size(node), lambda i: cast(load(i), val.dtype))
+    return LazyTensor(
+        val.device, val.dtype, lowering.out_size(node), lambda i: cast(load(i), val.dtype)
+    )
 
 
 @register_lowering(aten.copy_.default)
@@ -164,13 +176,37 @@ def _register_polynomials() -> None:
     for name in names:
         packet = getattr(aten, f"special_{name}")
 
-        def lower(lowering: GraphLowering, node: torch.fx.Node, ir: str = f"special_{name}") -> LazyTensor:
-            return elementwise(lowering, node, node.args[:2], Kind.INT_TO_FLOAT, lambda x, n: op(ir, x, n))
+        def lower(
+            lowering: GraphLowering, node: torch.fx.Node, ir: str = f"special_{name}"
+        ) -> LazyTensor:
+            return elementwise(
+                lowering, node, node.args[:2], Kind.INT_TO_FLOAT, lambda x, n: op(ir, x, n)
+            )
 
-        register_lowering(*(getattr(packet, o) for o in packet.overloads() if "out" not in o))(lower)
+        register_lowering(*(getattr(packet, o) for o in packet.overloads() if "out" not in o))(
+            lower
+        )
 
 
 _register_polynomials()
+
+
+@register_lowering(aten.ldexp.Tensor)
+def lower_ldexp(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    return elementwise(
+        lowering, node, node.args[:2], Kind.INT_TO_FLOAT, lambda x, e: op("mul", x, op("exp2", e))
+    )
+
+
+@register_lowering(aten.angle.default)
+def lower_angle(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    """The argument of a real number: pi below zero, 0 otherwise, NaN kept."""
+
+    def angle(x: Node) -> Node:
+        turned = Where(op("lt", x, c(0, x)), c(math.pi, x), c(0, x))
+        return Where(op("isnan", x), x, turned)
+
+    return elementwise(lowering, node, node.args[:1], Kind.INT_TO_FLOAT, angle)
 
 
 # -- activations ----------------------------------------------------------------------
@@ -184,7 +220,9 @@ def lower_gelu(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
         half_x = op("mul", x, c(0.5, x))
         if approximate == "tanh":
             cube = op("mul", op("mul", x, x), x)
-            inner = op("mul", c(math.sqrt(2 / math.pi), x), op("add", x, op("mul", c(0.044715, x), cube)))
+            inner = op(
+                "mul", c(math.sqrt(2 / math.pi), x), op("add", x, op("mul", c(0.044715, x), cube))
+            )
             return op("mul", half_x, op("add", c(1, x), op("tanh", inner)))
         return op("mul", half_x, op("add", c(1, x), op("erf", op("mul", x, c(math.sqrt(0.5), x)))))
 
@@ -224,7 +262,9 @@ def lower_hardtanh(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 
 @register_lowering(aten.silu.default)
 def lower_silu(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
-    return elementwise(lowering, node, node.args[:1], Kind.INT_TO_FLOAT, lambda x: op("mul", x, op("sigmoid", x)))
+    return elementwise(
+        lowering, node, node.args[:1], Kind.INT_TO_FLOAT, lambda x: op("mul", x, op("sigmoid", x))
+    )
 
 
 @register_lowering(aten.lerp.Scalar, aten.lerp.Tensor)

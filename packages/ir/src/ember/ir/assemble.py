@@ -18,7 +18,7 @@ import torch.fx
 from torch.utils._sympy.functions import FloorDiv
 
 from ember.ir.expr import IndexExpr, Load, Node, Where, map_dag
-from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
+from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, list_arg, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
 from ember.ir.views import norm_dim
@@ -60,7 +60,7 @@ def guard(body: Node, mask: Node) -> Node:
 def lower_cat(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     val = lowering.out_val(node)
     size = lowering.out_size(node)
-    dim = norm_dim(int(node.args[1]) if len(node.args) > 1 else 0, len(size))  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[1]) if len(node.args) > 1 else 0, len(size))
     pieces: list[tuple[sympy.Expr, sympy.Expr, LazyTensor]] = []
     start: sympy.Expr = sympy.Integer(0)
     for arg in node.args[0]:  # type: ignore[union-attr]  # a list of nodes
@@ -88,7 +88,7 @@ def lower_cat(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 @register_lowering(aten.constant_pad_nd.default)
 def lower_constant_pad(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
-    pad = [int(p) for p in node.args[1]]  # type: ignore[union-attr]  # a list of ints
+    pad = [int(p) for p in list_arg(node.args[1])]
     fill = node.args[2] if len(node.args) > 2 else 0
     size = lowering.out_size(node)
     fill_node = const(fill, source.dtype)  # type: ignore[arg-type]  # a number
@@ -110,7 +110,11 @@ def lower_constant_pad(lowering: GraphLowering, node: torch.fx.Node) -> LazyTens
 
 
 def _scatter_view(
-    lowering: GraphLowering, node: torch.fx.Node, inside: Node, src_index: list[sympy.Expr], index: Index
+    lowering: GraphLowering,
+    node: torch.fx.Node,
+    inside: Node,
+    src_index: list[sympy.Expr],
+    index: Index,
 ) -> Node:
     base = lowering.tensor(node.args[0])
     src = lowering.tensor(node.args[1])
@@ -147,8 +151,8 @@ def lower_slice_scatter(lowering: GraphLowering, node: torch.fx.Node) -> LazyTen
 @register_lowering(aten.select_scatter.default)
 def lower_select_scatter(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     base = lowering.tensor(node.args[0])
-    dim = norm_dim(int(node.args[2]), base.ndim)  # type: ignore[call-overload]  # an int
-    position = int(node.args[3])  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[2]), base.ndim)
+    position = int_arg(node.args[3])
     where = base.size[dim] + position if position < 0 else sympy.Integer(position)
 
     def load(index: Index) -> Node:
@@ -181,6 +185,8 @@ def lower_diagonal_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Lazy
     return LazyTensor(base.device, base.dtype, base.size, load)
 
 
-def broadcast(lowering: GraphLowering, arg: torch.fx.Node, size: tuple[sympy.Expr, ...]) -> LazyTensor:
+def broadcast(
+    lowering: GraphLowering, arg: torch.fx.Node, size: tuple[sympy.Expr, ...]
+) -> LazyTensor:
     value = lowering.tensor(arg)
     return LazyTensor(value.device, value.dtype, size, broadcast_loader(value, size))

@@ -14,3 +14,8 @@ class LoweringError(RuntimeError):
 
 class VerificationError(RuntimeError):
     """The IR program breaks an invariant (a dangling reference, a bad dtype...)."""
+
+
+class NotLowerable(Exception):
+    """Raised by a lowering that does not handle this node's arguments (a complex
+    dtype, a data-dependent shape...): the node becomes an extern instead."""

@@ -17,9 +17,9 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
 
+from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.loops import Pointwise, Scatter
 from ember.ir.nodes import ComputedBuffer
-from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.random import normal, uniform
 from ember.ir.symbolic import evaluate, index_var, indirect_var
 
@@ -134,14 +134,20 @@ class BodyEvaluator:
 
     def _load(self, node: Load) -> torch.Tensor:
         flat = storage_of(self.env[node.buffer])
-        extra = {indirect_var(k): self.memo[id(n)].to(torch.int64) for k, n in enumerate(node.indirect)}
+        extra = {
+            indirect_var(k): self.memo[id(n)].to(torch.int64) for k, n in enumerate(node.indirect)
+        }
         offset = torch.as_tensor(self.index(node.index, extra), dtype=torch.int64)
         if node.mask is None:
             return flat[offset]
         mask = self.memo[id(node.mask)]
         if flat.numel() == 0:
-            return torch.full(torch.broadcast_shapes(offset.shape, mask.shape), node.other, dtype=node.dtype)
-        offset, mask = torch.broadcast_tensors(offset, mask)
+            return torch.full(
+                torch.broadcast_shapes(offset.shape, mask.shape),  # type: ignore[no-untyped-call]  # untyped in torch
+                node.other,
+                dtype=node.dtype,
+            )
+        offset, mask = torch.broadcast_tensors(offset, mask)  # type: ignore[no-untyped-call]  # untyped in torch
         values = flat[torch.where(mask, offset, 0)]
         return torch.where(mask, values, torch.tensor(node.other, dtype=node.dtype))
 
@@ -152,7 +158,9 @@ def storage_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.as_strided((count,), (1,), 0)
 
 
-def _eval_index(expr: sympy.Expr, values: Mapping[sympy.Symbol, Value], bindings: Mapping[sympy.Symbol, int]) -> Value:
+def _eval_index(
+    expr: sympy.Expr, values: Mapping[sympy.Symbol, Value], bindings: Mapping[sympy.Symbol, int]
+) -> Value:
     if isinstance(expr, sympy.Integer):
         return int(expr)
     if isinstance(expr, sympy.Symbol):
@@ -161,7 +169,7 @@ def _eval_index(expr: sympy.Expr, values: Mapping[sympy.Symbol, Value], bindings
         return int(bindings[expr])
     if not any(s in values for s in expr.free_symbols):
         result = evaluate(expr, bindings)
-        return int(result) if not isinstance(result, bool) else int(result)
+        return int(result)
     args = [_eval_index(a, values, bindings) for a in expr.args]
     if isinstance(expr, sympy.Add):
         total: Any = 0
@@ -174,13 +182,13 @@ def _eval_index(expr: sympy.Expr, values: Mapping[sympy.Symbol, Value], bindings
             result_ = result_ * a
         return result_  # type: ignore[no-any-return]  # ints and tensors
     if isinstance(expr, sympy.Pow):
-        return args[0] ** args[1]  # type: ignore[operator, no-any-return]  # integer powers
+        return args[0] ** args[1]
     if isinstance(expr, FloorDiv):
-        return args[0] // args[1]  # type: ignore[operator]  # ints and tensors
+        return args[0] // args[1]
     if isinstance(expr, ModularIndexing):
-        return (args[0] // args[1]) % args[2]  # type: ignore[operator]  # ints and tensors
+        return (args[0] // args[1]) % args[2]
     if isinstance(expr, (sympy.Mod, PythonMod)):
-        return args[0] % args[1]  # type: ignore[operator]  # ints and tensors
+        return args[0] % args[1]
     if isinstance(expr, sympy.Max):
         return _fold(torch.maximum, args)
     if isinstance(expr, sympy.Min):
@@ -193,7 +201,6 @@ def _fold(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], args: list[V
     for a in args[1:]:
         result = fn(result, torch.as_tensor(a))
     return result
-
 
 
 def run_loop(
@@ -212,8 +219,13 @@ def run_loop(
         values = evaluator.run(loop.body).to(layout.dtype).broadcast_to(ranges)
         for node in loop.indirect:
             evaluator.run(node)
-        extra = {indirect_var(k): evaluator.memo[id(n)].to(torch.int64) for k, n in enumerate(loop.indirect)}
-        where = torch.as_tensor(evaluator.index(loop.index, extra), dtype=torch.int64).broadcast_to(ranges)
+        extra = {
+            indirect_var(k): evaluator.memo[id(n)].to(torch.int64)
+            for k, n in enumerate(loop.indirect)
+        }
+        where = torch.as_tensor(evaluator.index(loop.index, extra), dtype=torch.int64).broadcast_to(
+            ranges
+        )
         assert buffer.mutates is not None
         target = env[buffer.mutates]
         flat = storage_of(target)
@@ -227,14 +239,22 @@ def run_loop(
             flat.scatter_reduce_(0, where, values, mode, include_self=True)
         return target  # type: ignore[no-any-return]  # env holds tensors
     if isinstance(loop, Pointwise):
-        values = BodyEvaluator(env, bindings, ranges).run(loop.body).to(layout.dtype).broadcast_to(ranges)
+        values = (
+            BodyEvaluator(env, bindings, ranges)
+            .run(loop.body)
+            .to(layout.dtype)
+            .broadcast_to(ranges)
+        )
     else:
         reduced = tuple(int(evaluate(s, bindings)) for s in loop.reduction_ranges)
         body = BodyEvaluator(env, bindings, ranges, reduced).run(loop.body)
-        values = _reduce(body.broadcast_to((*ranges, *reduced)).reshape(*ranges, -1), loop.kind)
+        count = 1
+        for r in reduced:
+            count *= r
+        values = _reduce(body.broadcast_to((*ranges, *reduced)).reshape(*ranges, count), loop.kind)
     if buffer.mutates is not None:
         target = env[buffer.mutates]
-        target.as_strided(size, stride, offset).copy_(values.reshape(size))
+        target.as_strided(size, stride, offset).copy_(values.reshape(size).clone())
         return target  # type: ignore[no-any-return]  # env holds tensors
     out = torch.empty_strided(size, stride, dtype=layout.dtype)
     out.copy_(values.reshape(size))

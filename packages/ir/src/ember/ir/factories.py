@@ -44,6 +44,21 @@ def lower_full(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     return filled(lowering, node, lowering.args(node)["fill_value"])
 
 
+@register_lowering(aten.fill.Scalar, aten.fill.Tensor)
+def lower_fill(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    value = node.args[1]
+    if isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
+        source = lowering.tensor(value)
+        val = lowering.out_val(node)
+        return LazyTensor(
+            val.device,
+            val.dtype,
+            lowering.out_size(node),
+            lambda i: cast(source.loader([]), val.dtype),
+        )
+    return filled(lowering, node, value)
+
+
 @register_lowering(aten.scalar_tensor.default)
 def lower_scalar_tensor(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     return filled(lowering, node, node.args[0])
@@ -52,7 +67,7 @@ def lower_scalar_tensor(lowering: GraphLowering, node: torch.fx.Node) -> LazyTen
 @register_lowering(
     aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.empty.memory_format,
     aten.empty_like.default, aten.new_empty.default, aten.empty_strided.default,
-    aten.new_empty_strided.default, aten.empty_permuted.default,
+    aten.new_empty_strided.default, aten.empty_permuted.default, aten.zero.default,
 )  # fmt: skip
 def lower_zeros(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     return filled(lowering, node, 0)
@@ -63,7 +78,9 @@ def lower_ones(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     return filled(lowering, node, 1)
 
 
-@register_lowering(aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota.default)
+@register_lowering(
+    aten.arange.start_step, aten.arange.start, aten.arange.default, prims.iota.default
+)
 def lower_arange(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     """arange: start + i * step, computed in float64 for floating results as eager."""
     a = lowering.args(node)
@@ -75,7 +92,10 @@ def lower_arange(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     start_value = _scalar(lowering, start)
     step_value = _scalar(lowering, step)
     val = lowering.out_val(node)
-    integral = all(isinstance(v, (int, sympy.Expr)) and not isinstance(v, float) for v in (start_value, step_value))
+    integral = all(
+        isinstance(v, (int, sympy.Expr)) and not isinstance(v, float)
+        for v in (start_value, step_value)
+    )
 
     def load(index: Index) -> Node:
         if integral and not val.dtype.is_floating_point:
@@ -106,4 +126,3 @@ def _node(value: Any) -> Node:
     if isinstance(value, sympy.Expr):
         return cast(IndexExpr(value), torch.float64)
     return const(value, torch.float64)
-

@@ -12,7 +12,7 @@ is the copy's new version.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import sympy
 import torch
@@ -21,7 +21,7 @@ import torch.fx
 from ember.ir.expr import Load, Node, Where
 from ember.ir.layout import Layout
 from ember.ir.loops import Pointwise, Scatter
-from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
+from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
 from ember.ir.pointwise import c, op
 from ember.ir.symbolic import indirect_var, loop_vars, simplify_index
 from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
@@ -29,7 +29,7 @@ from ember.ir.views import norm_dim
 
 aten = torch.ops.aten
 
-Position = sympy.Expr | Node
+Position: TypeAlias = "sympy.Expr | Node"
 
 
 def wrap_index(value: Node, size: sympy.Expr) -> Node:
@@ -77,9 +77,13 @@ class AdvancedIndex:
     """How `x[indices]` (advanced indexing, `None` for a full slice) maps a result
     index to x's coordinates, shared by index and index_put."""
 
-    def __init__(self, lowering: GraphLowering, x_size: tuple[sympy.Expr, ...], indices: Sequence[Any]):
+    def __init__(
+        self, lowering: GraphLowering, x_size: tuple[sympy.Expr, ...], indices: Sequence[Any]
+    ):
         self.x_size = x_size
-        self.tensors = {d: _index_tensor(lowering, i) for d, i in enumerate(indices) if i is not None}
+        self.tensors = {
+            d: _index_tensor(lowering, i) for d, i in enumerate(indices) if i is not None
+        }
         if not self.tensors:
             raise NotLowerable("index without index tensors")
         dims = sorted(self.tensors)
@@ -120,16 +124,23 @@ def lower_index(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     size = lowering.out_size(node)
     if len(size) != len(plan.size):
         raise NotLowerable("unexpected result rank")
-    return LazyTensor(layout.device, layout.dtype, size, lambda index: indirect_load(name, layout, plan.positions(index)))
+    return LazyTensor(
+        layout.device,
+        layout.dtype,
+        size,
+        lambda index: indirect_load(name, layout, plan.positions(index)),
+    )
 
 
 @register_lowering(aten.gather.default)
 def lower_gather(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
-    dim = norm_dim(int(node.args[1]), max(layout.ndim, 1))  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[1]), max(layout.ndim, 1))
     index_value = _index_tensor(lowering, node.args[2])
     if layout.ndim == 0:
-        return LazyTensor(layout.device, layout.dtype, (), lambda index: Load(name, layout.offset, layout.dtype))
+        return LazyTensor(
+            layout.device, layout.dtype, (), lambda index: Load(name, layout.offset, layout.dtype)
+        )
 
     def load(index: Index) -> Node:
         positions: list[Position] = list(index)
@@ -142,11 +153,13 @@ def lower_gather(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 @register_lowering(aten.index_select.default)
 def lower_index_select(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
-    dim = norm_dim(int(node.args[1]), max(layout.ndim, 1))  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[1]), max(layout.ndim, 1))
     index_value = _index_tensor(lowering, node.args[2])
     size = lowering.out_size(node)
     if layout.ndim == 0:
-        return LazyTensor(layout.device, layout.dtype, size, lambda index: Load(name, layout.offset, layout.dtype))
+        return LazyTensor(
+            layout.device, layout.dtype, size, lambda index: Load(name, layout.offset, layout.dtype)
+        )
 
     def load(index: Index) -> Node:
         positions: list[Position] = list(index)
@@ -181,7 +194,14 @@ def fresh_copy(lowering: GraphLowering, arg: torch.fx.Node) -> tuple[str, Layout
     return ref.name, layout
 
 
-_SCATTER_REDUCE = {"add": "sum", "sum": "sum", "multiply": "prod", "prod": "prod", "amax": "max", "amin": "min"}
+_SCATTER_REDUCE = {
+    "add": "sum",
+    "sum": "sum",
+    "multiply": "prod",
+    "prod": "prod",
+    "amax": "max",
+    "amin": "min",
+}
 
 
 @register_lowering(
@@ -191,14 +211,13 @@ _SCATTER_REDUCE = {"add": "sum", "sum": "sum", "multiply": "prod", "prod": "prod
 def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
     a = lowering.args(node)
     reduce: str | None = None
+    include_self = a.get("include_self") is not False
     if node.target is aten.scatter_add.default:
         reduce = "sum"
     elif a.get("reduce") is not None:
         if a["reduce"] not in _SCATTER_REDUCE:
             raise NotLowerable(f"scatter reduce={a['reduce']!r}")
         reduce = _SCATTER_REDUCE[a["reduce"]]
-        if a.get("include_self") is False:
-            raise NotLowerable("scatter_reduce with include_self=False")
     index_value = _index_tensor(lowering, a["index"])
     name, layout = fresh_copy(lowering, a["self"])
     dim = norm_dim(int(a["dim"]), max(layout.ndim, 1))
@@ -207,7 +226,7 @@ def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
         src_value = lowering.tensor(src)
         src_load = src_value.loader
     else:
-        value = const(a["value"], layout.dtype)  # type: ignore[arg-type]  # a number
+        value = const(a["value"], layout.dtype)
         src_load = lambda index: value  # noqa: E731
     i = loop_vars(index_value.ndim)
     if layout.ndim == 0:
@@ -216,6 +235,14 @@ def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
         positions = list(i)
         positions[dim] = wrap_index(index_value.loader(i), layout.size[dim])
     offset, indirect = address(layout, positions)
+    if not include_self:
+        # the positions written start from the reduction's identity, not from self
+        identity = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}[reduce or "sum"]
+        if not layout.dtype.is_floating_point and reduce in ("max", "min"):
+            info = torch.iinfo(layout.dtype)
+            identity = info.min if reduce == "max" else info.max
+        start = Scatter(index_value.size, offset, indirect, const(identity, layout.dtype), None)
+        name = lowering.store(start, layout, mutates=name).name
     body = cast(src_load(i), layout.dtype)
     loop = Scatter(index_value.size, offset, indirect, body, reduce)
     return lowering.store(loop, layout, mutates=name)

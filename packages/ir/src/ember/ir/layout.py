@@ -9,8 +9,6 @@ import torch
 
 from ember.ir.symbolic import as_expr
 
-ZERO = sympy.Integer(0)
-
 
 @dataclass(frozen=True)
 class Layout:
@@ -24,7 +22,7 @@ class Layout:
     dtype: torch.dtype
     size: tuple[sympy.Expr, ...]
     stride: tuple[sympy.Expr, ...]
-    offset: sympy.Expr = ZERO
+    offset: sympy.Expr = sympy.Integer(0)  # noqa: RUF009 - sympy numbers are immutable
 
     @staticmethod
     def of(tensor: torch.Tensor) -> Layout:
@@ -38,7 +36,9 @@ class Layout:
         )
 
     @staticmethod
-    def contiguous(device: torch.device, dtype: torch.dtype, size: tuple[sympy.Expr, ...]) -> Layout:
+    def contiguous(
+        device: torch.device, dtype: torch.dtype, size: tuple[sympy.Expr, ...]
+    ) -> Layout:
         """A dense row-major layout (what computed buffers use)."""
         return Layout(device, dtype, size, contiguous_strides(size))
 

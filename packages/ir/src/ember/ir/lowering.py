@@ -27,16 +27,19 @@ import logging
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import sympy
 import torch
 import torch.fx
 
 from ember.ir.errors import LoweringError
+from ember.ir.errors import NotLowerable as NotLowerable
 from ember.ir.expr import Load
+from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
 from ember.ir.layout import Layout
 from ember.ir.loops import Loop, Pointwise
+from ember.ir.mutation import inplace_lowering, mutate, snapshot_readers
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -51,32 +54,12 @@ from ember.ir.nodes import (
 )
 from ember.ir.program import Program
 from ember.ir.symbolic import as_expr, loop_vars, simplify_index
-from ember.ir.tensor import LazyTensor, broadcast_loader, buffer_loader, cast
+from ember.ir.tensor import LazyTensor, buffer_loader
 
 log = logging.getLogger("ember.ir")
 aten = torch.ops.aten
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-# Ops that stay ATen calls by design: vendor libraries beat generated code here.
-INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
-    {
-        aten.mm,
-        aten.addmm,
-        aten.bmm,
-        aten.baddbmm,
-        aten.convolution,
-        aten.convolution_backward,
-        aten._scaled_dot_product_flash_attention,
-        aten._scaled_dot_product_flash_attention_backward,
-        aten._scaled_dot_product_efficient_attention,
-        aten._scaled_dot_product_efficient_attention_backward,
-        aten._scaled_dot_product_cudnn_attention,
-        aten._scaled_dot_product_cudnn_attention_backward,
-        aten._scaled_dot_product_flash_attention_for_cpu,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -96,22 +79,18 @@ class LoweringOptions:
     max_inline_cost: int = 200
 
 
-class NotLowerable(Exception):
-    """Raised by a lowering that does not handle this node's arguments (a complex
-    dtype, a data-dependent shape...): the node becomes an extern instead."""
-
-
 # The lowering table: ATen overload -> function building IR for one node (used with
 # `loops=True`); an op without an entry is an extern call. Lowerings return a
 # LazyTensor, a BufferRef, a sympy expression, or a tuple of those.
 LoweringFn = Callable[["GraphLowering", torch.fx.Node], Any]
 LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
+_F = TypeVar("_F", bound=LoweringFn)
 
 
-def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[LoweringFn], LoweringFn]:
+def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[_F], _F]:
     """Decorator: `fn` lowers each of `ops`."""
 
-    def register(fn: LoweringFn) -> LoweringFn:
+    def register(fn: _F) -> _F:
         for op in ops:
             if op in LOWERINGS:
                 raise ValueError(f"{op} has two lowerings")
@@ -119,6 +98,7 @@ def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[LoweringFn], Low
         return fn
 
     return register
+
 
 _fallbacks_logged: set[str] = set()
 
@@ -210,7 +190,7 @@ class GraphLowering:
                 "only ATen operator overloads can be lowered; trace the graph at the ATen "
                 "level (AOTAutograd, torch.export or make_fx) first",
             )
-        if val is _MISSING:
+        if val is _MISSING and node.target._schema.returns:
             raise LoweringError(
                 node.name,
                 str(node.target),
@@ -218,7 +198,7 @@ class GraphLowering:
             )
         declined = ""
         if self.options.loops:
-            lowering = LOWERINGS.get(node.target) or _inplace_lowering(node.target)
+            lowering = LOWERINGS.get(node.target) or inplace_lowering(node.target)
             if lowering is not None and not _has_complex(node):
                 try:
                     return self._maybe_realize(node, lowering(self, node))
@@ -270,9 +250,7 @@ class GraphLowering:
             raise LoweringError(node.name, "getitem", f"cannot index {type(parent).__name__}")
         val = node.meta.get("val")
         layout = Layout.of(val) if isinstance(val, torch.Tensor) else None
-        if not isinstance(index, int):
-            raise LoweringError(node.name, "getitem", f"index {index!r} is not an int")
-        out = MultiOutput(self._new_name("buf"), parent.name, index, layout)
+        out = MultiOutput(self._new_name("buf"), parent.name, int_arg(index), layout)
         self.program.nodes.append(out)
         if layout is not None:
             self.layouts[out.name] = layout
@@ -328,7 +306,6 @@ class GraphLowering:
         self._counter += 1
         return name
 
-
     # -- loop mode: values, realization, mutation -------------------------------
 
     def tensor(self, arg: Any) -> LazyTensor:
@@ -365,25 +342,32 @@ class GraphLowering:
             raise NotLowerable(f"cannot realize {type(value).__name__}")
         if value.realized is not None:
             return value.realized
-        body = value.body()
-        if isinstance(body, Load) and body.mask is None and not body.indirect:
-            layout = self.layouts.get(body.buffer)
-            same = (
-                layout is not None
-                and layout.size == value.size
-                and layout.dtype == value.dtype
-                and body.index == buffer_loader(body.buffer, layout)(loop_vars(value.ndim)).index  # type: ignore[attr-defined]  # buffer loaders build Loads
-            )
-            is_input = any(n.name == body.buffer for n in self.program.inputs)
-            if same and not (copy_inputs and is_input):
-                value.realized = BufferRef(body.buffer)
-                return value.realized
+        whole = self.whole_buffer(value)
+        if whole is not None and not (
+            copy_inputs and any(n.name == whole for n in self.program.inputs)
+        ):
+            value.realized, value.borrowed = BufferRef(whole), True
+            return value.realized
         layout = Layout.contiguous(value.device, value.dtype, value.size)
-        value.realized = self.store(Pointwise(value.size, body), layout)
+        value.realized = self.store(Pointwise(value.size, value.body()), layout)
         return value.realized
+
+    def whole_buffer(self, value: LazyTensor) -> str | None:
+        """The buffer `value` reads exactly as it is stored (same sizes, strides and
+        dtype), if any: storing `value` again would be a copy."""
+        body = value.body()
+        if not isinstance(body, Load) or body.mask is not None or body.indirect:
+            return None
+        layout = self.layouts.get(body.buffer)
+        if layout is None or layout.size != value.size or layout.dtype != value.dtype:
+            return None
+        expected = buffer_loader(body.buffer, layout)(loop_vars(value.ndim))
+        return body.buffer if isinstance(expected, Load) and expected.index == body.index else None
 
     def store(self, loop: Loop, layout: Layout, *, mutates: str | None = None) -> BufferRef:
         """Add a ComputedBuffer for `loop` and return a reference to it."""
+        if mutates is not None:
+            snapshot_readers(self, mutates)
         name = self._new_name("buf")
         origin = self.current_node.name if self.current_node is not None else ""
         self.add(ComputedBuffer(name, layout, loop, mutates, origin))
@@ -392,24 +376,9 @@ class GraphLowering:
             self.versions[mutates] = name
         return BufferRef(name)
 
-    def mutate(self, target: Any, value: LazyTensor) -> BufferRef:
-        """Write `value` (broadcast and cast) into the buffer behind the FX argument
-        `target`, in place: AOTAutograd's copy_ epilogues and in-place ops."""
-        ref = self.env[target] if isinstance(target, torch.fx.Node) else target
-        if isinstance(ref, LazyTensor) and ref.realized is not None:
-            ref = ref.realized
-        if not isinstance(ref, BufferRef):
-            raise LoweringError(
-                getattr(self.current_node, "name", "?"),
-                "in-place write",
-                "the destination is a view or an unstored intermediate; functionalize the "
-                "graph first (AOTAutograd and torch.export do)",
-            )
-        ref = self.current(ref)
-        layout = self.layouts[ref.name]
-        load = broadcast_loader(value, layout.size)
-        body = cast(load(loop_vars(layout.ndim)), layout.dtype)
-        return self.store(Pointwise(layout.size, body), layout, mutates=ref.name)
+    def mutate(self, target: Any, value: LazyTensor) -> Any:
+        """Write `value` into the buffer behind `target` in place (ember.ir.mutation)."""
+        return mutate(self, target, value)
 
     def seed_buffer(self) -> str:
         """The name of the program's random seed (created on first use)."""
@@ -450,14 +419,17 @@ class GraphLowering:
         assert isinstance(node.target, torch._ops.OpOverload)
         for arg, value in zip(node.target._schema.arguments, node.args, strict=False):
             info = arg.alias_info
-            if info is not None and info.is_write and isinstance(value, torch.fx.Node):
-                if not isinstance(self.env[value], BufferRef):
-                    raise LoweringError(
-                        node.name,
-                        str(node.target),
-                        "the op writes an argument that is a view or an unstored value; "
-                        "functionalize the graph first (AOTAutograd and torch.export do)",
-                    )
+            if not isinstance(value, torch.fx.Node):
+                continue
+            written = info is not None and info.is_write
+            # a written lazy value read by nobody else may be passed as a stored copy
+            if written and not isinstance(self.env[value], BufferRef) and len(value.users) > 1:
+                raise LoweringError(
+                    node.name,
+                    str(node.target),
+                    "the op writes an argument that is a view or an unstored value; "
+                    "functionalize the graph first (AOTAutograd and torch.export do)",
+                )
 
     def args(self, node: torch.fx.Node) -> dict[str, Any]:
         """The node's arguments by schema name, defaults filled in."""
@@ -482,28 +454,14 @@ class GraphLowering:
         return tuple(as_expr(s) for s in self.out_val(node).shape)
 
 
-def _inplace_lowering(op: torch._ops.OpOverload) -> LoweringFn | None:
-    """`x.op_(...)` as the lowering of `op` followed by a write into x."""
-    name = op._schema.name.split("::")[-1]
-    args = op._schema.arguments
-    if not name.endswith("_") or not args or args[0].alias_info is None:
-        return None
-    if not args[0].alias_info.is_write:
-        return None
-    packet = getattr(torch.ops.aten, name[:-1], None)
-    functional = getattr(packet, op._overloadname, None) if packet is not None else None
-    lowering = LOWERINGS.get(functional) if functional is not None else None
-    if lowering is None:
-        return None
-    fn = lowering
+def int_arg(value: Any) -> int:
+    """An integer argument of an FX node (FX types them as any argument)."""
+    return int(value)
 
-    def lower_inplace(lowering_: GraphLowering, node: torch.fx.Node) -> Any:
-        result = fn(lowering_, node)
-        if not isinstance(result, LazyTensor):
-            raise NotLowerable("in-place variant of a multi-output op")
-        return lowering_.mutate(node.args[0], result)
 
-    return lower_inplace
+def list_arg(value: Any) -> list[Any]:
+    """A list argument of an FX node."""
+    return list(value)
 
 
 def _has_complex(node: torch.fx.Node) -> bool:

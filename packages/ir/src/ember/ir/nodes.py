@@ -144,7 +144,11 @@ class ComputedBuffer:
         for root in loop_bodies(self.loop):
             for node in walk(root):
                 name = (
-                    node.buffer if isinstance(node, Load) else node.seed if isinstance(node, Rand) else None
+                    node.buffer
+                    if isinstance(node, Load)
+                    else node.seed
+                    if isinstance(node, Rand)
+                    else None
                 )
                 if name is not None and name not in seen:
                     seen.add(name)

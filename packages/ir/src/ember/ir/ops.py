@@ -30,6 +30,7 @@ class OpsHandler(Protocol[T]):
     def trunc(self, x: T) -> T: ...
     def round(self, x: T) -> T:
         """Round half to even (torch.round)."""
+
     def frac(self, x: T) -> T: ...
     def bitwise_not(self, x: T) -> T: ...
     def relu(self, x: T) -> T: ...
@@ -67,6 +68,7 @@ class OpsHandler(Protocol[T]):
     def i0(self, x: T) -> T:
         """Modified Bessel function of the first kind, order 0 (and the family below:
         the special functions a codegen maps to its math library)."""
+
     def special_i0e(self, x: T) -> T: ...
     def special_i1(self, x: T) -> T: ...
     def special_i1e(self, x: T) -> T: ...
@@ -99,19 +101,25 @@ class OpsHandler(Protocol[T]):
     def truediv(self, a: T, b: T) -> T: ...
     def floordiv(self, a: T, b: T) -> T:
         """Division rounded towards minus infinity (Python //)."""
+
     def truncdiv(self, a: T, b: T) -> T:
         """Division rounded towards zero (C /)."""
+
     def remainder(self, a: T, b: T) -> T:
         """Modulo with the sign of the divisor (Python %)."""
+
     def fmod(self, a: T, b: T) -> T:
         """Modulo with the sign of the dividend (C fmod)."""
+
     def pow(self, a: T, b: T) -> T: ...
     def atan2(self, a: T, b: T) -> T: ...
     def maximum(self, a: T, b: T) -> T:
         """Larger of two; NaN if either is NaN."""
+
     def minimum(self, a: T, b: T) -> T: ...
     def fmax(self, a: T, b: T) -> T:
         """Larger of two, ignoring a NaN operand."""
+
     def fmin(self, a: T, b: T) -> T: ...
     def copysign(self, a: T, b: T) -> T: ...
     def hypot(self, a: T, b: T) -> T: ...
@@ -139,6 +147,7 @@ class OpsHandler(Protocol[T]):
     # -- mixed argument dtypes -----------------------------------------------------
     def polygamma(self, n: T, x: T) -> T:
         """The n-th derivative of digamma; `n` is an int64 node."""
+
     def special_chebyshev_polynomial_t(self, x: T, n: T) -> T: ...
     def special_chebyshev_polynomial_u(self, x: T, n: T) -> T: ...
     def special_chebyshev_polynomial_v(self, x: T, n: T) -> T: ...
@@ -154,7 +163,9 @@ class OpsHandler(Protocol[T]):
 
 
 OP_NAMES: frozenset[str] = frozenset(
-    name for name in vars(OpsHandler) if not name.startswith("_") and callable(vars(OpsHandler)[name])
+    name
+    for name in vars(OpsHandler)
+    if not name.startswith("_") and callable(vars(OpsHandler)[name])
 )
 
 BOOL_RESULT: frozenset[str] = frozenset(
@@ -162,9 +173,7 @@ BOOL_RESULT: frozenset[str] = frozenset(
     | {"logical_and", "logical_or", "logical_xor"}
 )
 
-MIXED_ARGS: frozenset[str] = frozenset(
-    {"polygamma"} | {n for n in OP_NAMES if "_polynomial_" in n}
-)
+MIXED_ARGS: frozenset[str] = frozenset({"polygamma"} | {n for n in OP_NAMES if "_polynomial_" in n})
 
 UNARY: frozenset[str] = frozenset(
     name

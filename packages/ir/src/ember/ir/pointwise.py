@@ -11,7 +11,6 @@ an `IndexExpr`) of the computation dtype.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,10 +20,9 @@ import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 
-from ember.ir.expr import Const, IndexExpr, Node, Op, Where
+from ember.ir.expr import IndexExpr, Node, Op, Where
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.ops import BOOL_RESULT
-from ember.ir.symbolic import as_expr
 from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
 
 aten = torch.ops.aten
@@ -44,7 +42,9 @@ def _promote(signature: tuple[Any, ...], kind: Kind) -> tuple[torch.dtype, torch
     return elementwise_dtypes(*args, type_promotion_kind=kind)
 
 
-def promote(lowering: GraphLowering, args: Sequence[Any], kind: Kind) -> tuple[torch.dtype, torch.dtype]:
+def promote(
+    lowering: GraphLowering, args: Sequence[Any], kind: Kind
+) -> tuple[torch.dtype, torch.dtype]:
     """(computation dtype, result dtype) of a pointwise op on `args` (FX arguments)."""
     signature: list[Any] = []
     for a in args:
@@ -123,34 +123,77 @@ def c(value: float | int | bool, like: Node) -> Node:
 
 _UNARY: dict[str, Kind] = {
     **dict.fromkeys(
-        "neg sign floor ceil trunc frac bitwise_not relu".split(), Kind.DEFAULT
+        ["neg", "sign", "floor", "ceil", "trunc", "round", "frac", "bitwise_not", "relu"],
+        Kind.DEFAULT,
     ),
     "abs": Kind.COMPLEX_TO_FLOAT,
     **dict.fromkeys(
-        (
-            "exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan asin acos "
-            "atan sinh cosh tanh asinh acosh atanh sigmoid erf erfc erfinv lgamma digamma i0 "
-            "special_i0e special_i1 special_i1e special_ndtri special_erfcx special_airy_ai "
-            "special_bessel_j0 special_bessel_j1 special_bessel_y0 special_bessel_y1 "
-            "special_modified_bessel_i0 special_modified_bessel_i1 special_modified_bessel_k0 "
-            "special_modified_bessel_k1 special_scaled_modified_bessel_k0 "
-            "special_scaled_modified_bessel_k1 special_spherical_bessel_j0"
-        ).split(),
+        [
+            "exp",
+            "exp2",
+            "expm1",
+            "log",
+            "log2",
+            "log10",
+            "log1p",
+            "sqrt",
+            "rsqrt",
+            "reciprocal",
+            "sin",
+            "cos",
+            "tan",
+            "asin",
+            "acos",
+            "atan",
+            "sinh",
+            "cosh",
+            "tanh",
+            "asinh",
+            "acosh",
+            "atanh",
+            "sigmoid",
+            "erf",
+            "erfc",
+            "erfinv",
+            "lgamma",
+            "digamma",
+            "i0",
+            "special_i0e",
+            "special_i1",
+            "special_i1e",
+            "special_ndtri",
+            "special_erfcx",
+            "special_airy_ai",
+            "special_bessel_j0",
+            "special_bessel_j1",
+            "special_bessel_y0",
+            "special_bessel_y1",
+            "special_modified_bessel_i0",
+            "special_modified_bessel_i1",
+            "special_modified_bessel_k0",
+            "special_modified_bessel_k1",
+            "special_scaled_modified_bessel_k0",
+            "special_scaled_modified_bessel_k1",
+            "special_spherical_bessel_j0",
+        ],
         Kind.INT_TO_FLOAT,
     ),
-    **dict.fromkeys("isnan isinf isfinite signbit logical_not".split(), Kind.ALWAYS_BOOL),
+    **dict.fromkeys(["isnan", "isinf", "isfinite", "signbit", "logical_not"], Kind.ALWAYS_BOOL),
 }
 
 _BINARY: dict[str, tuple[str, Kind]] = {
-    **{n: (n, Kind.DEFAULT) for n in "mul maximum minimum fmax fmin remainder fmod".split()},
-    **{n: (n, Kind.DEFAULT) for n in "bitwise_and bitwise_or bitwise_xor".split()},
+    **{
+        n: (n, Kind.DEFAULT)
+        for n in ["mul", "maximum", "minimum", "fmax", "fmin", "remainder", "fmod"]
+    },
+    **{n: (n, Kind.DEFAULT) for n in ["bitwise_and", "bitwise_or", "bitwise_xor"]},
     "bitwise_left_shift": ("bitwise_left_shift", Kind.DEFAULT),
     "bitwise_right_shift": ("bitwise_right_shift", Kind.DEFAULT),
-    **{n: (n, Kind.INT_TO_FLOAT) for n in "atan2 hypot nextafter igamma igammac".split()},
+    **{n: (n, Kind.INT_TO_FLOAT) for n in ["atan2", "hypot", "nextafter", "igamma", "igammac"]},
     "copysign": ("copysign", Kind.INT_TO_FLOAT),
     "special_zeta": ("special_zeta", Kind.INT_TO_FLOAT),
-    **{n: (n, Kind.ALWAYS_BOOL) for n in "eq ne lt le gt ge".split()},
-    **{n: (n, Kind.ALWAYS_BOOL) for n in "logical_and logical_or logical_xor".split()},
+    **{n: (n, Kind.ALWAYS_BOOL) for n in ["eq", "ne", "lt", "le", "gt", "ge"]},
+    **{n: (n, Kind.ALWAYS_BOOL) for n in ["logical_and", "logical_or", "logical_xor"]},
     "pow": ("pow", Kind.BOOL_TO_LONG),
     "xlogy": ("xlogy", Kind.INT_TO_FLOAT),
 }
@@ -160,7 +203,16 @@ def _overloads(name: str) -> list[torch._ops.OpOverload]:
     packet = getattr(aten, name, None)
     if packet is None:
         return []
-    wanted = ("default", "Tensor", "Scalar", "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "self", "Self")
+    wanted = (
+        "default",
+        "Tensor",
+        "Scalar",
+        "Tensor_Tensor",
+        "Tensor_Scalar",
+        "Scalar_Tensor",
+        "self",
+        "Self",
+    )
     return [getattr(packet, o) for o in packet.overloads() if o in wanted]
 
 

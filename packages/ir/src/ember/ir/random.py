@@ -35,7 +35,7 @@ from ember.ir.layout import contiguous_strides
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import c, op
 from ember.ir.symbolic import product, simplify_index
-from ember.ir.tensor import Index, LazyTensor, cast
+from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
 
 aten = torch.ops.aten
 
@@ -98,7 +98,9 @@ def _random(distribution: str) -> Any:
             raise NotLowerable("random integers")
         drawn = draw(lowering, lowering.out_size(node), distribution, val.device)
         load = drawn.loader
-        return LazyTensor(val.device, val.dtype, drawn.size, lambda index: cast(load(index), val.dtype))
+        return LazyTensor(
+            val.device, val.dtype, drawn.size, lambda index: cast(load(index), val.dtype)
+        )
 
     return lower
 
@@ -118,7 +120,11 @@ def lower_bernoulli(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     prob = a.get("p")
 
     def load(index: Index) -> Node:
-        p = cast(source.loader(index), torch.float32) if prob is None else c(float(prob), drawn(index))
+        p = (
+            cast(source.loader(index), torch.float32)
+            if prob is None
+            else c(float(prob), drawn(index))
+        )
         return cast(op("lt", drawn(index), p), val.dtype)
 
     return LazyTensor(val.device, val.dtype, source.size, load)
@@ -148,3 +154,120 @@ def lower_dropout(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTen
 
     mask = LazyTensor(source.device, torch.bool, source.size, keep)
     return LazyTensor(source.device, source.dtype, source.size, out), mask
+
+
+def _transformed(
+    lowering: GraphLowering, node: torch.fx.Node, distribution: str, transform: Any
+) -> LazyTensor:
+    """Random numbers from `distribution`, mapped through `transform(x, args)`."""
+    a = lowering.args(node)
+    if a.get("generator") is not None:
+        raise NotLowerable("an explicit generator")
+    val = lowering.out_val(node)
+    size = lowering.out_size(node)
+    drawn = draw(lowering, size, distribution, val.device).loader
+    compute = torch.float64 if val.dtype == torch.float64 else torch.float32
+    return LazyTensor(
+        val.device,
+        val.dtype,
+        size,
+        lambda index: cast(transform(cast(drawn(index), compute), a), val.dtype),
+    )
+
+
+def _arg(a: dict[str, Any], name: str, like: Node, default: float = 0.0) -> Node:
+    value = a.get(name)
+    return c(float(default if value is None else value), like)
+
+
+def _uniform(x: Node, a: dict[str, Any]) -> Node:
+    low, high = _arg(a, "from", x), _arg(a, "to", x, 1.0)
+    return op("add", op("mul", x, op("sub", high, low)), low)
+
+
+def _normal(x: Node, a: dict[str, Any]) -> Node:
+    return op("add", op("mul", x, _arg(a, "std", x, 1.0)), _arg(a, "mean", x))
+
+
+def _exponential(u: Node, a: dict[str, Any]) -> Node:
+    return op("truediv", op("neg", op("log1p", op("neg", u))), _arg(a, "lambd", u, 1.0))
+
+
+def _cauchy(u: Node, a: dict[str, Any]) -> Node:
+    angle = op("mul", op("sub", u, c(0.5, u)), c(math.pi, u))
+    return op("add", _arg(a, "median", u), op("mul", _arg(a, "sigma", u, 1.0), op("tan", angle)))
+
+
+def _log_normal(x: Node, a: dict[str, Any]) -> Node:
+    return op("exp", op("add", _arg(a, "mean", x, 1.0), op("mul", x, _arg(a, "std", x, 2.0))))
+
+
+def _geometric(u: Node, a: dict[str, Any]) -> Node:
+    p = _arg(a, "p", u, 0.5)
+    return op("ceil", op("truediv", op("log1p", op("neg", u)), op("log1p", op("neg", p))))
+
+
+def _register_transform(
+    ops: tuple[torch._ops.OpOverload, ...], distribution: str, transform: Any
+) -> None:
+    def lower(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+        return _transformed(lowering, node, distribution, transform)
+
+    register_lowering(*ops)(lower)
+
+
+for _ops, _dist, _fn in (
+    ((aten.uniform.default,), "uniform", _uniform),
+    ((aten.normal_functional.default, aten.normal.float_float), "normal", _normal),
+    ((aten.exponential.default,), "uniform", _exponential),
+    ((aten.cauchy.default,), "uniform", _cauchy),
+    ((aten.log_normal.default,), "normal", _log_normal),
+    ((aten.geometric.default,), "uniform", _geometric),
+):
+    _register_transform(_ops, _dist, _fn)
+
+
+@register_lowering(
+    aten.randint.default, aten.randint.low, aten.randint_like.default, aten.randint_like.low_dtype
+)
+def lower_randint(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    a = lowering.args(node)
+    low, high = a.get("low") or 0, a["high"]
+    if not isinstance(low, int) or not isinstance(high, int):
+        raise NotLowerable("symbolic or tensor randint bounds")
+
+    def pick(u: Node, _: dict[str, Any]) -> Node:
+        scaled = op(
+            "floor", op("mul", cast(u, torch.float64), const(float(high - low), torch.float64))
+        )
+        return op("add", scaled, const(float(low), torch.float64))
+
+    return _transformed(lowering, node, "uniform", pick)
+
+
+def _constant_loader(value: float) -> Any:
+    node = const(value, torch.float32)
+    return lambda index: node
+
+
+@register_lowering(aten.normal.Tensor_Tensor, aten.normal.Tensor_float, aten.normal.float_Tensor)
+def lower_normal_tensors(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    a = lowering.args(node)
+    val = lowering.out_val(node)
+    size = lowering.out_size(node)
+    drawn = draw(lowering, size, "normal", val.device).loader
+    parts = {}
+    for name in ("mean", "std"):
+        arg = a[name]
+        if isinstance(arg, torch.fx.Node):
+            parts[name] = broadcast_loader(lowering.tensor(arg), size)
+        else:
+            parts[name] = _constant_loader(float(arg))
+
+    def load(index: Index) -> Node:
+        n = drawn(index)
+        mean = cast(parts["mean"](index), torch.float32)
+        std = cast(parts["std"](index), torch.float32)
+        return cast(op("add", op("mul", n, std), mean), val.dtype)
+
+    return LazyTensor(val.device, val.dtype, size, load)

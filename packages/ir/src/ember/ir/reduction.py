@@ -25,7 +25,7 @@ import torch.fx
 from ember.ir.expr import IndexExpr, Node, Where
 from ember.ir.layout import Layout
 from ember.ir.loops import Reduction, reduction_dtype
-from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
+from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.symbolic import index_var, product
 from ember.ir.tensor import Index, LazyTensor, cast, const
@@ -100,7 +100,9 @@ def finish(node: torch.fx.Node, value: LazyTensor, lowering: GraphLowering) -> L
     """`value` cast to the node's dtype."""
     val = lowering.out_val(node)
     load = value.loader
-    return LazyTensor(value.device, val.dtype, value.size, lambda index: cast(load(index), val.dtype))
+    return LazyTensor(
+        value.device, val.dtype, value.size, lambda index: cast(load(index), val.dtype)
+    )
 
 
 def _simple(kind: str) -> Any:
@@ -140,7 +142,9 @@ def lower_max_dim(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTen
     kind = "max" if node.target is aten.max.dim else "min"
     values = reduce(lowering, source, dims, kind, source.dtype)
     indices = reduce(lowering, source, dims, "arg" + kind, source.dtype)
-    return keep_dims(values, dims, source.ndim, keepdim), keep_dims(indices, dims, source.ndim, keepdim)
+    return keep_dims(values, dims, source.ndim, keepdim), keep_dims(
+        indices, dims, source.ndim, keepdim
+    )
 
 
 @register_lowering(aten.mean.dim, aten.mean.default)
@@ -154,7 +158,10 @@ def lower_mean(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     count = product(source.size[d] for d in dims)
     load = total.loader
     mean = LazyTensor(
-        total.device, dtype, total.size, lambda index: op("truediv", load(index), cast(IndexExpr(count), dtype))
+        total.device,
+        dtype,
+        total.size,
+        lambda index: op("truediv", load(index), cast(IndexExpr(count), dtype)),
     )
     return finish(node, keep_dims(mean, dims, source.ndim, bool(a.get("keepdim"))), lowering)
 
@@ -187,14 +194,24 @@ def lower_var(lowering: GraphLowering, node: torch.fx.Node) -> Any:
 
     def var_loader(index: Index) -> Node:
         m = load_m2(index)
-        return op("truediv", m, cast(IndexExpr(divisor) if divisor.free_symbols else const(float(divisor), m.dtype), m.dtype))
+        return op(
+            "truediv",
+            m,
+            cast(
+                IndexExpr(divisor) if divisor.free_symbols else const(float(divisor), m.dtype),
+                m.dtype,
+            ),
+        )
 
     var = LazyTensor(m2.device, m2.dtype, m2.size, var_loader)
     keepdim = bool(a["keepdim"])
     vals = node.meta["val"]
     if node.target is aten.var.correction:
         return finish(node, keep_dims(var, dims, source.ndim, keepdim), lowering)
-    results = (keep_dims(var, dims, source.ndim, keepdim), keep_dims(mean, dims, source.ndim, keepdim))
+    results = (
+        keep_dims(var, dims, source.ndim, keepdim),
+        keep_dims(mean, dims, source.ndim, keepdim),
+    )
     return tuple(_cast(r, v.dtype) for r, v in zip(results, vals, strict=True))
 
 
@@ -236,7 +253,7 @@ def lower_scan(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     kind = "sum" if node.target is aten.cumsum.default else "prod"
     if source.ndim == 0:
         return finish(node, source, lowering)
-    dim = norm_dim(int(node.args[1]), source.ndim)  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[1]), source.ndim)
     dtype = acc_dtype(val.dtype)
     identity = const(_IDENTITY[kind], dtype)
     position = index_var("r", 0)

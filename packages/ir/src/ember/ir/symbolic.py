@@ -22,7 +22,7 @@ def as_expr(value: Any) -> sympy.Expr:
     """An int, bool, float or torch Sym* value as a sympy expression."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         expr = value.node.expr
-        return expr if isinstance(expr, sympy.Basic) else sympy.sympify(expr)
+        return sympy.sympify(expr) if not isinstance(expr, sympy.Basic) else expr
     if isinstance(value, bool):
         return sympy.true if value else sympy.false
     if isinstance(value, int):
@@ -41,11 +41,9 @@ def is_symbolic(value: Any) -> bool:
 
 def evaluate(expr: sympy.Expr, bindings: Mapping[sympy.Symbol, int]) -> int | float | bool:
     """Evaluate a size expression with concrete symbol values."""
-    value = (
-        expr.xreplace({k: sympy.sympify(v) for k, v in bindings.items()})
-        if expr.free_symbols
-        else expr
-    )
+    if isinstance(expr, (int, float, bool)):
+        return expr
+    value = sympy.sympify(expr.xreplace(dict(bindings))) if expr.free_symbols else expr
     if value.free_symbols:
         missing = ", ".join(sorted(str(s) for s in value.free_symbols))
         raise KeyError(f"size expression {expr} needs values for {missing}")
@@ -87,8 +85,10 @@ def _indirect_var(position: int) -> sympy.Symbol:
 
 
 def is_loop_var(symbol: sympy.Basic) -> bool:
-    return isinstance(symbol, sympy.Symbol) and symbol.name[:1] in ("i", "r") and (
-        symbol.name[1:].isdigit()
+    return (
+        isinstance(symbol, sympy.Symbol)
+        and symbol.name[:1] in ("i", "r")
+        and (symbol.name[1:].isdigit())
     )
 
 
@@ -119,4 +119,35 @@ def simplify_index(expr: sympy.Expr) -> sympy.Expr:
     """
     if expr.is_Atom:
         return expr
-    return sympy.expand(expr)
+    return _merge_floor_mod(sympy.expand(expr))
+
+
+def _merge_floor_mod(expr: sympy.Expr) -> sympy.Expr:
+    """c*n*(x // (d*n)) + c*((x // d) % n)  ->  c*(x // d).
+
+    The identity undoes what reshape index maps do when a view merges dimensions
+    that a later view splits again (or a contiguous buffer is read through a merged
+    view), so such loads stay affine."""
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    if not isinstance(expr, sympy.Add):
+        return expr
+    terms = list(expr.args)
+    changed = True
+    while changed:
+        changed = False
+        for term in terms:
+            factors = term.args if isinstance(term, sympy.Mul) else (term,)
+            mods = [f for f in factors if isinstance(f, ModularIndexing)]
+            if len(mods) != 1:
+                continue
+            x, d, n = mods[0].args
+            coeff = term / mods[0]
+            partner = coeff * n * FloorDiv(x, d * n)
+            if partner in terms:
+                terms.remove(term)
+                terms.remove(partner)
+                terms.append(coeff * FloorDiv(x, d))
+                changed = True
+                break
+    return sympy.Add(*terms)

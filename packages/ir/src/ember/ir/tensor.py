@@ -36,6 +36,8 @@ class LazyTensor:
     size: tuple[sympy.Expr, ...]
     loader: Loader
     realized: BufferRef | None = None
+    # True when `realized` is a buffer the value merely reads whole (no copy was made)
+    borrowed: bool = False
     _body: Node | None = field(default=None, repr=False)
 
     @property

@@ -20,7 +20,7 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ember.ir.expr import Load
 from ember.ir.layout import contiguous_strides
-from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
+from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, list_arg, register_lowering
 from ember.ir.symbolic import as_expr, product, simplify_index
 from ember.ir.tensor import Index, LazyTensor
 
@@ -31,7 +31,9 @@ IndexMap = Callable[[Index], list[sympy.Expr]]
 def view_of(source: LazyTensor, size: Sequence[sympy.Expr], index_map: IndexMap) -> LazyTensor:
     """A LazyTensor reading `source` at `index_map(index)`."""
     load = source.loader
-    return LazyTensor(source.device, source.dtype, tuple(size), lambda index: load(index_map(index)))
+    return LazyTensor(
+        source.device, source.dtype, tuple(size), lambda index: load(index_map(index))
+    )
 
 
 def norm_dim(dim: int, ndim: int) -> int:
@@ -115,7 +117,7 @@ def lower_view(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 @register_lowering(aten.permute.default, aten.permute_copy.default)
 def lower_permute(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
-    dims = [norm_dim(int(d), source.ndim) for d in node.args[1]]  # type: ignore[union-attr]  # a list of ints
+    dims = [norm_dim(int(d), source.ndim) for d in list_arg(node.args[1])]
 
     def index_map(index: Index) -> list[sympy.Expr]:
         result: list[sympy.Expr] = [sympy.Integer(0)] * len(dims)
@@ -131,8 +133,8 @@ def lower_transpose(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
     if source.ndim < 2:
         return view_of(source, source.size, list)
-    a = norm_dim(int(node.args[1]), source.ndim) if len(node.args) > 1 else 0  # type: ignore[call-overload]  # an int
-    b = norm_dim(int(node.args[2]), source.ndim) if len(node.args) > 2 else 1  # type: ignore[call-overload]  # an int
+    a = norm_dim(int_arg(node.args[1]), source.ndim) if len(node.args) > 1 else 0
+    b = norm_dim(int_arg(node.args[2]), source.ndim) if len(node.args) > 2 else 1
 
     def index_map(index: Index) -> list[sympy.Expr]:
         result = list(index)
@@ -198,7 +200,7 @@ def _slice_start(start: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
 @register_lowering(aten.select.int, aten.select_copy.int)
 def lower_select(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
-    dim = norm_dim(int(node.args[1]), source.ndim)  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[1]), source.ndim)
     index_value = _value(lowering, node.args[2])
     if isinstance(index_value, sympy.Integer) and int(index_value) < 0:
         index_value = source.size[dim] + index_value
@@ -232,7 +234,9 @@ def lower_as_strided(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor
         raise NotLowerable("as_strided of a view that is not stored")
     size = tuple(_value(lowering, s) for s in a["size"])
     stride = tuple(_value(lowering, s) for s in a["stride"])
-    offset = _value(lowering, a["storage_offset"]) if a["storage_offset"] is not None else layout.offset
+    offset = (
+        _value(lowering, a["storage_offset"]) if a["storage_offset"] is not None else layout.offset
+    )
     name = lowering.current(ref).name
 
     def load(index: Index) -> Load:
@@ -245,8 +249,8 @@ def lower_as_strided(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor
 @register_lowering(aten.unfold.default, aten.unfold_copy.default)
 def lower_unfold(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
-    dim = norm_dim(int(node.args[1]), max(source.ndim, 1))  # type: ignore[call-overload]  # an int
-    step = int(node.args[3])  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[1]), max(source.ndim, 1))
+    step = int_arg(node.args[3])
 
     def index_map(index: Index) -> list[sympy.Expr]:
         if source.ndim == 0:
@@ -280,7 +284,7 @@ def lower_diagonal(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 @register_lowering(aten.flip.default)
 def lower_flip(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
-    dims = {norm_dim(int(d), source.ndim) for d in node.args[1]}  # type: ignore[union-attr]  # a list of ints
+    dims = {norm_dim(int(d), source.ndim) for d in list_arg(node.args[1])}
 
     def index_map(index: Index) -> list[sympy.Expr]:
         return [source.size[d] - 1 - i if d in dims else i for d, i in enumerate(index)]
@@ -304,10 +308,12 @@ def lower_repeat(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     return view_of(source, size, index_map)
 
 
-@register_lowering(aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default)
+@register_lowering(
+    aten.split_with_sizes.default, aten.split.Tensor, aten.split_with_sizes_copy.default
+)
 def lower_split(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, ...]:
     source = lowering.tensor(node.args[0])
-    dim = norm_dim(int(node.args[2]) if len(node.args) > 2 else 0, source.ndim)  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[2]) if len(node.args) > 2 else 0, source.ndim)
     parts: list[LazyTensor] = []
     start: sympy.Expr = sympy.Integer(0)
     for val in node.meta["val"]:
@@ -326,15 +332,16 @@ def lower_split(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTenso
 @register_lowering(aten.unbind.int, aten.unbind_copy.int)
 def lower_unbind(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, ...]:
     source = lowering.tensor(node.args[0])
-    dim = norm_dim(int(node.args[1]) if len(node.args) > 1 else 0, source.ndim)  # type: ignore[call-overload]  # an int
+    dim = norm_dim(int_arg(node.args[1]) if len(node.args) > 1 else 0, source.ndim)
     count = source.size[dim]
     if not isinstance(count, sympy.Integer):
         raise NotLowerable("unbind along a symbolic dimension")
     size = source.size[:dim] + source.size[dim + 1 :]
-    return tuple(
-        view_of(source, size, lambda index, k=k: [*index[:dim], sympy.Integer(k), *index[dim:]])
-        for k in range(int(count))
-    )
+
+    def pick(k: int) -> IndexMap:
+        return lambda index: [*index[:dim], sympy.Integer(k), *index[dim:]]
+
+    return tuple(view_of(source, size, pick(k)) for k in range(int(count)))
 
 
 def numel(size: Sequence[sympy.Expr]) -> sympy.Expr:
