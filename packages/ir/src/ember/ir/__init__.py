@@ -20,7 +20,7 @@ from ember.ir import (  # noqa: F401
 )
 from ember.ir.errors import LoweringError, VerificationError
 from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, loads, walk
-from ember.ir.interpreter import bind_symbols, run_program
+from ember.ir.interpreter import bind_symbols, conform_extern_result, ensure_layout, run_program
 from ember.ir.layout import Layout
 from ember.ir.loops import REDUCTION_KINDS, Pointwise, Reduction, Scatter
 from ember.ir.lowering import (
@@ -86,6 +86,8 @@ __all__ = [
     "Where",
     "as_expr",
     "bind_symbols",
+    "conform_extern_result",
+    "ensure_layout",
     "evaluate",
     "format_arg",
     "format_body",

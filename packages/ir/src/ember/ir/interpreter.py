@@ -7,7 +7,7 @@ lowering bugs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -44,6 +44,37 @@ def bind_symbols(program: Program, args: Sequence[Any]) -> dict[sympy.Symbol, in
     return bindings
 
 
+def ensure_layout(tensor: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
+    """`tensor` itself when its strides match `stride` (ignoring size-1 dimensions),
+    else a copy with exactly those strides.
+
+    The IR reads an extern call's result through the layout its FX metadata promised;
+    an ATen kernel may choose other strides at run time (SDPA's backends differ), and
+    reading through the wrong strides would be a silent wrong answer. The interpreter
+    and the runtime's generated code both pass extern results through this.
+    """
+    actual = tensor.stride()
+    if all(a == b for a, b, n in zip(actual, stride, size, strict=True) if n > 1):
+        return tensor
+    out = torch.empty_strided(tuple(size), tuple(stride), dtype=tensor.dtype, device=tensor.device)
+    out.copy_(tensor)
+    return out
+
+
+def conform_extern_result(
+    node: ExternKernel, result: Any, bindings: Mapping[sympy.Symbol, int]
+) -> Any:
+    """An extern's result with the strides the program planned for it (see ensure_layout)."""
+    if node.multi or node.is_view or node.writes_arguments or not isinstance(result, torch.Tensor):
+        return result
+    layout = node.outputs[0]
+    if layout is None:
+        return result
+    size = [int(evaluate(s, bindings)) for s in layout.size]
+    stride = [int(evaluate(s, bindings)) for s in layout.stride]
+    return ensure_layout(result, size, stride)
+
+
 def run_program(program: Program, args: Sequence[Any], *, seed: int | None = None) -> list[Any]:
     """Execute `program` on concrete `args` (in the program's input order).
 
@@ -74,7 +105,7 @@ def run_program(program: Program, args: Sequence[Any], *, seed: int | None = Non
             result = item.op(*value(item.args), **{k: value(v) for k, v in item.kwargs})
             if item.symbol is not None:
                 bindings[item.symbol] = int(result)
-            env[item.name] = result
+            env[item.name] = conform_extern_result(item, result, bindings)
         elif isinstance(item, MultiOutput):
             env[item.name] = env[item.source][item.index]
         elif isinstance(item, ComputedBuffer):

@@ -234,8 +234,31 @@ class GraphLowering:
     def _lower_output(self, node: torch.fx.Node) -> Any:
         (results,) = node.args
         flat = results if isinstance(results, (list, tuple)) else [results]
-        self.program.outputs = [self._convert(r, copy_inputs=True) for r in flat]
+        self.program.outputs = [self._output(r) for r in flat]
         return None
+
+    def _output(self, arg: Any) -> Any:
+        """A graph output, stored with the strides its FX metadata promises.
+
+        AOTAutograd compiles the backward against the forward's fake outputs, and users
+        see output strides: a saved `w.t()` must come back with the transposed strides,
+        not as a contiguous copy. Dense (permuted) strides are honoured; overlapping or
+        gapped ones (expand, slices) get a contiguous buffer."""
+        value = self._convert(arg, copy_inputs=True)
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if (
+            not self.options.loops
+            or not isinstance(value, BufferRef)
+            or not isinstance(val, torch.Tensor)
+        ):
+            return value
+        wanted = Layout.of(val)
+        have = self.layouts.get(value.name)
+        if have is None or not _dense(wanted) or _same_strides(have, wanted):
+            return value
+        layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
+        load = buffer_loader(value.name, have)
+        return self.store(Pointwise(have.size, load(loop_vars(have.ndim))), layout)
 
     # -- helpers --------------------------------------------------------------------
 
@@ -478,6 +501,36 @@ _MISSING = object()
 
 # Names the generated code uses for itself: inputs must not shadow them.
 _RESERVED = frozenset({"args", "call", "torch", "math"})
+
+
+def _dense(layout: Layout) -> bool:
+    """The strides are a permutation of contiguous strides (no gaps, no overlap)."""
+    dims = sorted(
+        ((st, sz) for st, sz in zip(layout.stride, layout.size, strict=True) if sz != 1),
+        key=lambda pair: _hint(pair[0]),
+    )
+    expected: sympy.Expr = sympy.Integer(1)
+    for stride, size in dims:
+        if sympy.expand(stride - expected) != 0:
+            return False
+        expected = expected * size
+    return layout.offset == 0
+
+
+def _same_strides(a: Layout, b: Layout) -> bool:
+    return a.size == b.size and all(
+        sympy.expand(x - y) == 0
+        for x, y, n in zip(a.stride, b.stride, a.size, strict=True)
+        if n != 1
+    )
+
+
+def _hint(expr: sympy.Expr) -> int:
+    return (
+        int(expr.xreplace({s: sympy.Integer(97) for s in expr.free_symbols}))
+        if expr.free_symbols
+        else int(expr)
+    )
 
 
 def _identifier(name: str) -> str:

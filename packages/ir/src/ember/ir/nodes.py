@@ -102,6 +102,13 @@ class ExternKernel:
             r.alias_info is not None and not r.alias_info.is_write for r in self.op._schema.returns
         )
 
+    @property
+    def writes_arguments(self) -> bool:
+        """The op mutates one of its arguments (an in-place or out= op)."""
+        return any(
+            a.alias_info is not None and a.alias_info.is_write for a in self.op._schema.arguments
+        )
+
     def reads(self) -> Iterator[str]:
         yield from (ref.name for ref in iter_refs((self.args, self.kwargs)))
 

@@ -18,7 +18,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir import BufferRef, ExternKernel, InputBuffer, SizeInput
+from ember.ir import BufferRef, ExternKernel, InputBuffer, Layout, SizeInput, ensure_layout
 from ember.runtime.pyexpr import pyexpr, symbol_name
 from ember.scheduler import (
     Allocation,
@@ -118,8 +118,12 @@ def generate_wrapper(
             body += _kernel_lines(w, step.kernel)
         elif isinstance(step, ExternCall):
             body.append(_extern_line(w, step.node))
+            node = step.node
+            if not node.multi and not node.is_view and not node.writes_arguments:
+                body += _layout_check(w, step.node.name, step.node.outputs[0])
         elif isinstance(step, SelectOutput):
             body.append(f"{step.node.name} = {step.node.source}[{step.node.index}]")
+            body += _layout_check(w, step.node.name, step.node.layout)
         if frees:
             body.append(f"del {', '.join(frees)}")
     outputs = [w.arg(o) for o in program.outputs]
@@ -181,6 +185,21 @@ def _seed_line(w: _Writer, schedule: Schedule) -> str:
     readers = [k for k in schedule.kernels if seed in k.inputs]
     device = readers[0].device if readers else torch.device("cpu")
     return f"{seed} = torch.randint(0, 2**62, (), dtype=torch.int64, device={w.arg(device)})"
+
+
+def _layout_check(w: _Writer, name: str, layout: Layout | None) -> list[str]:
+    """Make an ATen result have the strides the IR planned for it.
+
+    The IR reads extern results through the layout their FX metadata promised; an
+    ATen kernel may pick other strides at run time (SDPA's backends differ, say), and
+    reading through the wrong strides would be a silent wrong answer. A result with the
+    promised strides costs one tuple comparison; any other is copied into them.
+    """
+    if layout is None:
+        return []
+    w.injected["ensure_layout"] = ensure_layout
+    size, stride = w.arg(tuple(layout.size)), w.arg(tuple(layout.stride))
+    return [f"{name} = ensure_layout({name}, {size}, {stride})"]
 
 
 def _extern_line(w: _Writer, node: ExternKernel) -> str:

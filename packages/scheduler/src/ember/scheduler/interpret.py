@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir import BufferRef, Layout, bind_symbols, evaluate
+from ember.ir import BufferRef, Layout, bind_symbols, conform_extern_result, evaluate
 from ember.ir.evaluate import BodyEvaluator, _reduce, storage_of
 from ember.ir.symbolic import indirect_var
 from ember.scheduler.kernel import REDUCTION, SCATTER, FusedKernel, KernelMember
@@ -130,7 +130,7 @@ def run_schedule(schedule: Schedule, args: Sequence[Any], *, seed: int | None = 
             result = node.op(*value(node.args), **{k: value(v) for k, v in node.kwargs})
             if node.symbol is not None:
                 bindings[node.symbol] = int(result)
-            env[node.name] = result
+            env[node.name] = conform_extern_result(node, result, bindings)
         elif isinstance(step, SelectOutput):
             env[step.node.name] = env[step.node.source][step.node.index]
         for name in schedule.memory.frees_after[index]:
