@@ -514,7 +514,7 @@ def _dense(layout: Layout) -> bool:
         if sympy.expand(stride - expected) != 0:
             return False
         expected = expected * size
-    return layout.offset == 0
+    return bool(layout.offset == 0)
 
 
 def _same_strides(a: Layout, b: Layout) -> bool:
