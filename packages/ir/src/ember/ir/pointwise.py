@@ -20,7 +20,7 @@ import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 
-from ember.ir.expr import IndexExpr, Node, Op, Where
+from ember.ir.expr import Const, IndexExpr, Node, Op, Where
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.ops import BOOL_RESULT
 from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
@@ -110,7 +110,13 @@ def elementwise(
 
 
 def op(name: str, *args: Node) -> Node:
-    """An `Op` node (result dtype per the ops protocol)."""
+    """An `Op` node (result dtype per the ops protocol).
+
+    `pow(x, 2)` becomes `mul(x, x)`: the same value (the square is exact before
+    rounding either way) at a fraction of the cost of a general power on every
+    device, and the norms (RMS norm, variance) are full of it."""
+    if name == "pow" and isinstance(args[1], Const) and args[1].value == 2:
+        return Op("mul", (args[0], args[0]), args[0].dtype)
     dtype = torch.bool if name in BOOL_RESULT else args[-1].dtype
     return Op(name, tuple(args), dtype)
 

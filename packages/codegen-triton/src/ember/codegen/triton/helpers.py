@@ -39,11 +39,15 @@ def ember_remainder_float(a, b):
     "ember_mix32": """
 @triton.jit
 def ember_mix32(x):
+    # 32-bit wrapping multiplies done in uint64 and masked: the same bits, and no
+    # signed-overflow trap when kernels are built with debug=True.
+    x = x.to(tl.uint64)
     x = x ^ (x >> 16)
-    x = x * 0x7FEB352D
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
     x = x ^ (x >> 15)
-    x = x * 0x846CA68B
-    return x ^ (x >> 16)
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x = x ^ (x >> 16)
+    return x.to(tl.uint32)
 """,
     "ember_random_bits": """
 @triton.jit
