@@ -8,7 +8,7 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as F
-from conftest import (  # type: ignore[import-not-found]  # pytest puts tests/ on sys.path
+from ir_helpers import (  # type: ignore[import-not-found]  # pytest puts tests/ on sys.path
     check,
     computed,
     lower,
@@ -264,7 +264,10 @@ def test_transformer_block_lowers_to_loops_and_matches_eager() -> None:
     (out,) = run_program(program, [x])
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     externs = {str(n.op) for n in program.extern_kernels()}
-    assert externs <= {"aten.addmm.default", "aten.mm.default", "aten.bmm.default"}, externs
+    # Matmuls and attention are intentional externs (graphpasses keeps SDPA whole).
+    allowed = {"aten.addmm.default", "aten.mm.default", "aten.bmm.default"}
+    allowed.add("aten._scaled_dot_product_flash_attention_for_cpu.default")
+    assert externs <= allowed, externs
     print(f"transformer block: {len(gm.graph.nodes)} nodes, {per_node * 1e3:.2f} ms/node")
 
 

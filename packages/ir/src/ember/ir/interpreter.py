@@ -14,6 +14,7 @@ import sympy
 import torch
 
 from ember.ir.evaluate import run_loop
+from ember.ir.layout import Layout
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -65,14 +66,18 @@ def conform_extern_result(
     node: ExternKernel, result: Any, bindings: Mapping[sympy.Symbol, int]
 ) -> Any:
     """An extern's result with the strides the program planned for it (see ensure_layout)."""
-    if node.multi or node.is_view or node.writes_arguments or not isinstance(result, torch.Tensor):
+    if node.multi or node.is_view or node.writes_arguments:
         return result
-    layout = node.outputs[0]
-    if layout is None:
-        return result
+    return conform(result, node.outputs[0], bindings)
+
+
+def conform(value: Any, layout: Layout | None, bindings: Mapping[sympy.Symbol, int]) -> Any:
+    """A tensor with the strides of `layout` (itself when they already match)."""
+    if layout is None or not isinstance(value, torch.Tensor):
+        return value
     size = [int(evaluate(s, bindings)) for s in layout.size]
     stride = [int(evaluate(s, bindings)) for s in layout.stride]
-    return ensure_layout(result, size, stride)
+    return ensure_layout(value, size, stride)
 
 
 def run_program(program: Program, args: Sequence[Any], *, seed: int | None = None) -> list[Any]:
@@ -107,7 +112,7 @@ def run_program(program: Program, args: Sequence[Any], *, seed: int | None = Non
                 bindings[item.symbol] = int(result)
             env[item.name] = conform_extern_result(item, result, bindings)
         elif isinstance(item, MultiOutput):
-            env[item.name] = env[item.source][item.index]
+            env[item.name] = conform(env[item.source][item.index], item.layout, bindings)
         elif isinstance(item, ComputedBuffer):
             env[item.name] = run_loop(item, env, bindings)
     return [value(out) for out in program.outputs]

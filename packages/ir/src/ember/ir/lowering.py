@@ -244,8 +244,21 @@ class GraphLowering:
         see output strides: a saved `w.t()` must come back with the transposed strides,
         not as a contiguous copy. Dense (permuted) strides are honoured; overlapping or
         gapped ones (expand, slices) get a contiguous buffer."""
-        value = self._convert(arg, copy_inputs=True)
         val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if self.options.loops and isinstance(arg, torch.fx.Node) and isinstance(val, torch.Tensor):
+            lazy = self.env[arg]
+            wanted = Layout.of(val)
+            if (
+                isinstance(lazy, LazyTensor)
+                and lazy.realized is None
+                and lazy.size == wanted.size
+                and _dense(wanted)
+                and self.whole_buffer(lazy) is None
+            ):
+                layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
+                lazy.realized = self.store(Pointwise(lazy.size, lazy.body()), layout)
+                return lazy.realized
+        value = self._convert(arg, copy_inputs=True)
         if (
             not self.options.loops
             or not isinstance(value, BufferRef)

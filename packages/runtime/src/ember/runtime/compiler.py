@@ -58,6 +58,7 @@ class CompileRecord:
     debug_dir: Path | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
     fused_kernels: int = 0  # generated kernels among `kernels`
+    planned_peak_bytes: int = 0  # the memory plan's peak (size symbols counted as 64)
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
 
@@ -183,6 +184,7 @@ def _devices(gm: torch.fx.GraphModule) -> set[torch.device]:
 def _fill_record(record: CompileRecord, program: Program, schedule: Schedule, path: Path) -> None:
     record.kernels = schedule.kernel_count
     record.fused_kernels = len(schedule.kernels)
+    record.planned_peak_bytes = schedule.memory.peak_bytes
     record.steps = len(schedule.steps)
     record.fallback_ops = sorted(program.fallback_ops)
     record.wrapper_path = path

@@ -18,6 +18,7 @@ import torch
 
 from ember.ir import BufferRef, Layout, bind_symbols, conform_extern_result, evaluate
 from ember.ir.evaluate import BodyEvaluator, _reduce, storage_of
+from ember.ir.interpreter import conform
 from ember.ir.symbolic import indirect_var
 from ember.scheduler.kernel import REDUCTION, SCATTER, FusedKernel, KernelMember
 from ember.scheduler.schedule import ExternCall, KernelStep, Schedule, SelectOutput
@@ -132,7 +133,9 @@ def run_schedule(schedule: Schedule, args: Sequence[Any], *, seed: int | None = 
                 bindings[node.symbol] = int(result)
             env[node.name] = conform_extern_result(node, result, bindings)
         elif isinstance(step, SelectOutput):
-            env[step.node.name] = env[step.node.source][step.node.index]
+            env[step.node.name] = conform(
+                env[step.node.source][step.node.index], step.node.layout, bindings
+            )
         for name in schedule.memory.frees_after[index]:
             env.pop(name, None)
     return [value(out) for out in program.outputs]
