@@ -53,3 +53,10 @@ def test_cli_runs_as_a_module_without_the_console_script() -> None:
     assert done.returncode == 0, done.stderr
     assert "resnet50" in done.stdout and "needs torchvision" in done.stdout
     assert torch.__version__  # the same interpreter runs the module
+
+
+def test_the_time_limit_ends_the_run_and_records_what_was_not_run() -> None:
+    options = BenchOptions(["mlp"], ["inference", "train"], ["eager", "ember"], time_limit_s=0)
+    records = run_bench(options)
+    assert len(records) == 4
+    assert all(r.error == "not run: --time-limit reached" and r.ms is None for r in records)

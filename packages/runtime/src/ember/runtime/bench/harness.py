@@ -87,7 +87,13 @@ class Progress:
 
 
 def _run_worker(
-    spec: ModelSpec, mode: str, backend: str, options: BenchOptions, phase: str, cache: Path
+    spec: ModelSpec,
+    mode: str,
+    backend: str,
+    options: BenchOptions,
+    phase: str,
+    cache: Path,
+    timeout_s: float,
 ) -> dict[str, Any]:
     out = cache / f"{backend}-{phase}.json"
     env = dict(os.environ)
@@ -101,11 +107,9 @@ def _run_worker(
     command += ["--dtype", dtype_for(options), "--phase", phase, "--runs", str(options.runs)]
     command += ["--out", str(out)]
     try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=options.timeout_s
-        )
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"error": f"{phase} measurement timed out after {options.timeout_s:.0f} s"}
+        return {"error": f"{phase} measurement timed out after {timeout_s:.0f} s"}
     if done.returncode != 0 or not out.exists():
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         return {"error": f"{phase}: " + (lines[-1] if lines else f"exit {done.returncode}")}
@@ -140,12 +144,16 @@ def run_bench(options: BenchOptions) -> list[BenchRecord]:
                 phases = ["cold"] + (["warm"] if options.warm and backend != "eager" else [])
                 with tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
                     for phase in phases:
-                        if time.perf_counter() - start > options.time_limit_s:
+                        left = options.time_limit_s - (time.perf_counter() - start)
+                        if left < 5:
                             record.error = record.error or "not run: --time-limit reached"
                             progress.done += 1
                             continue
                         progress.show(f"{spec.name} {mode} {backend} ({phase})")
-                        result = _run_worker(spec, mode, backend, options, phase, Path(tmp))
+                        timeout = min(options.timeout_s, left)  # the limit bounds the run
+                        result = _run_worker(
+                            spec, mode, backend, options, phase, Path(tmp), timeout
+                        )
                         progress.done += 1
                         _merge(record, phase, result)
     progress.finish()
