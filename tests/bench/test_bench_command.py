@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from ember.runtime.bench.harness import BenchRecord
+from ember.runtime.bench.registry import MODELS, loss_input
 from ember.runtime.bench.report import format_records, plot_speedups
 from ember.runtime.cli import main
 
@@ -49,3 +51,13 @@ def test_report_marks_failures_and_formats_speedups(tmp_path: Path) -> None:
     text = format_records(rows)
     assert "2.00x" in text and "cold: boom" in text
     assert plot_speedups(rows, tmp_path / "c.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("name", [n for n, s in MODELS.items() if s.requires is not None])
+def test_every_real_model_builds_from_code_and_runs_at_cpu_size(name: str) -> None:
+    spec = MODELS[name]
+    pytest.importorskip(spec.requires or "", reason=f"{name} needs {spec.requires}")
+    model, inputs = spec.build("cpu")
+    with torch.no_grad():
+        out = loss_input(model.eval()(*inputs))
+    assert out.shape[0] == inputs[0].shape[0] and bool(out.isfinite().all())

@@ -94,7 +94,8 @@ def _timm(arch: str, cpu_hw: int) -> Callable[[str], Built]:
         import timm
 
         batch, hw = _pick(size, (2, cpu_hw), (64, 224))
-        model = timm.create_model(arch, pretrained=False, img_size=hw)
+        sized = {"img_size": hw} if arch.startswith("vit") else {}  # ViTs fix their grid
+        model = timm.create_model(arch, pretrained=False, **sized)
         return model, (_randn(batch, 3, hw, hw),)
 
     return build
@@ -126,6 +127,8 @@ def _gpt2(size: str) -> Built:
         n_layer=layers,
         n_head=heads,
         n_positions=max(seq, 128),
+        bos_token_id=0,
+        eos_token_id=0,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
