@@ -185,9 +185,16 @@ def compare_outputs(
                 math.isnan(a) and math.isnan(e)
             ):
                 return Comparison(False, abs(a - e), f"{a!r} != eager's {e!r}"), path
-        elif a != e:
-            return Comparison(False, math.inf, f"{a!r} != eager's {e!r}"), path
+        elif type(a) is not type(e) or (isinstance(e, (int, bool, str)) and a != e):
+            return Comparison(False, math.inf, f"{_short(a)} != eager's {_short(e)}"), path
     return None
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of sizes {list(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
 
 
 def largest_error(actual: Any, expected: Any) -> float:

@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS), help="eager,inductor,ember")
     parser.add_argument("--dtype", default=None, help="default float32 on cpu, bfloat16 on cuda")
     parser.add_argument("--runs", type=int, default=20, help="timed runs per measurement")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per measurement (default 1 on cpu; 0: torch's default)",
+    )
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-compile runs")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
     parser.add_argument("--time-limit", type=float, default=float("inf"), help="seconds in all")
@@ -80,7 +86,7 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"ember bench: {exc}", file=sys.stderr)
         return 2
     options = BenchOptions(
-        models, modes, backends, args.device, args.dtype, args.runs, not args.no_warm,
+        models, modes, backends, args.device, args.dtype, args.runs, args.threads, not args.no_warm,
         args.timeout, args.time_limit,
     )  # fmt: skip
     records = run_bench(options)

@@ -58,6 +58,10 @@ class BenchOptions:
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
     runs: int = 20
+    # CPU threads per measurement (0: torch's default). One by default on the CPU: with
+    # all cores, a core taken by any other process stalls every OpenMP region of the
+    # measured one and medians jump 100x on a shared 2-core machine.
+    threads: int | None = None
     warm: bool = True
     timeout_s: float = 900.0
     time_limit_s: float = float("inf")
@@ -105,14 +109,15 @@ def _run_worker(
     command = [sys.executable, "-m", "ember.runtime.bench.measure", "--model", spec.name]
     command += ["--mode", mode, "--backend", backend, "--device", options.device]
     command += ["--dtype", dtype_for(options), "--phase", phase, "--runs", str(options.runs)]
-    command += ["--out", str(out)]
+    threads = options.threads if options.threads is not None else int(options.device == "cpu")
+    command += ["--threads", str(threads), "--out", str(out)]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"{phase} measurement timed out after {timeout_s:.0f} s"}
     if done.returncode != 0 or not out.exists():
         lines = [line for line in done.stderr.splitlines() if line.strip()]
-        return {"error": f"{phase}: " + (lines[-1] if lines else f"exit {done.returncode}")}
+        return {"error": f"{phase}: " + (lines[-1] if lines else f"exit {done.returncode}")[:300]}
     result: dict[str, Any] = json.loads(out.read_text())
     return result
 
@@ -176,7 +181,7 @@ def _merge(record: BenchRecord, phase: str, result: dict[str, Any]) -> None:
     if record.backend == "eager":
         record.max_abs_err = 0.0
     if "mismatch" in result:
-        record.notes.append(result["mismatch"])
+        record.notes.append(result["mismatch"].splitlines()[0])
     if result.get("ran_eagerly"):
         record.notes.append(f"{result['ran_eagerly']} graph(s) ran eagerly after a compile failure")
 

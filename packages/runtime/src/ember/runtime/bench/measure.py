@@ -72,7 +72,8 @@ def step_fn(model: nn.Module, inputs: list[Any], mode: str) -> Callable[[], Any]
             p.grad = None
         loss = loss_input(model(*inputs)).float().square().mean()
         loss.backward()  # type: ignore[no-untyped-call]  # torch stub
-        return (loss.detach(), [p.grad for p in params])
+        # torch.compile may return zeros where eager leaves an unused weight's grad None.
+        return (loss.detach(), [torch.zeros_like(p) if p.grad is None else p.grad for p in params])
 
     return train
 
@@ -166,8 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--phase", default="cold", choices=["cold", "warm"])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     import ember.runtime  # noqa: F401  # registers backend="ember"
 
     warnings.simplefilter("ignore")

@@ -132,6 +132,7 @@ def _gpt2(size: str) -> Built:
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
+        use_cache=False,
     )
     return transformers.GPT2LMHeadModel(config), (_tokens(config.vocab_size, batch, seq),)
 
@@ -148,6 +149,7 @@ def _llama(size: str) -> Built:
         num_attention_heads=heads,
         num_key_value_heads=heads // 4,
         max_position_embeddings=seq,
+        use_cache=False,
     )
     return transformers.LlamaForCausalLM(config), (_tokens(config.vocab_size, batch, seq),)
 
