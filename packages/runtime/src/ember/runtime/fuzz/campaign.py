@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ember.runtime.fuzz.generate import generate
+from ember.runtime.fuzz.program import Program
 from ember.runtime.fuzz.run import INVALID, CompileFn, Finding, compile_with_ember, run_program
 from ember.runtime.fuzz.shrink import shrink, write_reproducer
 
@@ -73,8 +74,8 @@ def fuzz(
                 result.invalid += 1
                 continue
 
-            def judge(candidate: object) -> Finding | None:
-                return run_program(candidate, device=device, compile_fn=compile_fn)  # type: ignore[arg-type]  # Program
+            def judge(candidate: Program) -> Finding | None:
+                return run_program(candidate, device=device, compile_fn=compile_fn)
 
             small, small_finding = shrink(program, finding, judge)
             path = write_reproducer(small, small_finding, out_dir, device) if out_dir else None

@@ -80,10 +80,6 @@ def shrink(
     return program, finding
 
 
-def size_of(program: Program) -> int:
-    return len(program.steps)
-
-
 def reproducer_source(program: Program, finding: Finding, device: str = "cpu") -> str:
     """A standalone script that replays the failing program and exits 1 while it fails."""
     size_sets = [dict(program.sizes)] + ([dict(program.dynamic_sizes)] if program.dynamic else [])
