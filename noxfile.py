@@ -6,6 +6,10 @@
 - `stack`: end-to-end tests across all layers on the CPU (tests/).
 - `lint`: ruff check and ruff format --check.
 - `typecheck`: mypy --strict over every package.
+- `opinfo`, `fuzz`, `bench` (not default; too slow for CI): the full OpInfo sweep with
+  fallbacks on and off, a long fuzzing campaign, and `ember bench` on the CPU set. Their
+  fast subsets (every 12th OpInfo op, 30 fixed fuzzer seeds, one tiny bench) run in
+  `stack`. Outputs go to bench_out/.
 - `cuda`: tests marked `cuda`; needs a GPU, so it is not a default session. On a GPU
   machine without uv or nox, the same tests run with:
       PYTHONPATH=$(printf '%s:' $PWD/packages/*/src) python3 -m pytest -m cuda -q packages tests
@@ -70,3 +74,34 @@ def cuda(session: nox.Session) -> None:
     if not has_cuda or "True" not in has_cuda:
         session.error("the cuda session needs a CUDA GPU visible to torch")
     session.run("pytest", "packages", "tests", "-q", "-m", "cuda", *session.posargs)
+
+
+@nox.session(default=False)
+def opinfo(session: nox.Session) -> None:
+    """The full OpInfo sweep, float32 and bfloat16: fallbacks on (must show no mismatch)
+    and off (lowering coverage). Summary lines on stdout, JSON under bench_out/."""
+    uv_sync(session)
+    sweep = ["python", "-m", "ember.runtime.opinfo", "--dtypes", "float32,bfloat16"]
+    session.run(*sweep, "--json", "bench_out/opinfo_fallback_on.json", *session.posargs)
+    session.run(
+        *sweep, "--no-fallback", "--show", "", "--json", "bench_out/opinfo_fallback_off.json"
+    )
+
+
+@nox.session(default=False)
+def fuzz(session: nox.Session) -> None:
+    """A long differential-fuzzing campaign (2000 seeds or 20 minutes); reproducers of
+    failures are written to bench_out/fuzz/. Pass e.g. `-- --seeds 5000:6000` to vary."""
+    uv_sync(session)
+    session.run(
+        "python", "-m", "ember.runtime.fuzz", "--seeds", "0:2000", "--time-budget", "1200",
+        "--out", "bench_out/fuzz", "--json", "bench_out/fuzz.json", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """`ember bench` on the CPU set (eager, inductor, ember; inference and train)."""
+    uv_sync(session)
+    args = session.posargs or ["--json", "bench_out/cpu.json", "--plot", "bench_out/cpu.png"]
+    session.run("ember", "bench", *args)

@@ -1,4 +1,7 @@
-"""The `ember` command line: `ember demo`, `ember config`."""
+"""The `ember` command line: `ember demo`, `ember bench`, `ember config`.
+
+Also runs as `python -m ember.runtime.cli` (for machines without the console script).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +22,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo", help="compile built-in models, compare with eager, print a table"
     )
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    bench = commands.add_parser(
+        "bench", help="benchmark ember against eager and TorchInductor (benchmarks/README.md)"
+    )
+    from ember.runtime.bench import add_arguments, run_cli
+
+    add_arguments(bench)
     commands.add_parser("config", help="print ember's settings and the EMBER_* variables")
     args = parser.parse_args(argv)
 
@@ -26,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ember.runtime.demo import run_demo
 
         return run_demo(args.device)
+    if args.command == "bench":
+        return run_cli(args)
     if args.command == "config":
         print(config.describe())
         return 0

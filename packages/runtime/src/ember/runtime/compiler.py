@@ -131,6 +131,10 @@ def compile_graph(
         path,
     )
     call: Callable[[list[Any]], Any] = module.call
+    if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
+        from ember.runtime.check import checked
+
+        call = checked(call, eager_gm, graph_name, path)
     return CompiledGraph(call, record)
 
 

@@ -33,6 +33,13 @@ def _choice(text: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def _parse_check(text: str) -> str:
+    lowered = text.strip().lower()
+    if lowered in {"warn", "raise"}:
+        return lowered
+    return "raise" if _parse_bool(lowered) else "off"
+
+
 def _parse_path(text: str) -> Path | None:
     return Path(text).expanduser() if text.strip() else None
 
@@ -73,6 +80,12 @@ KNOBS: dict[str, Knob[Any]] = {
         _parse_bool,
         lambda: False,
         "A graph that fails to compile raises (1) instead of running eagerly (0).",
+    ),
+    "check": Knob(
+        "EMBER_CHECK",
+        _parse_check,
+        lambda: "off",
+        "Also run each compiled graph eagerly and compare: raise (1), warn, or off (0).",
     ),
     "debug_dir": Knob(
         "EMBER_DEBUG_DIR",
@@ -124,6 +137,14 @@ class EmberConfig:
     @property
     def strict(self) -> bool:
         return bool(self.get("strict"))
+
+    @property
+    def check(self) -> str:
+        """'off', 'raise' or 'warn'; `scope(check=True)` means 'raise'."""
+        value = self.get("check")
+        if isinstance(value, bool):
+            return "raise" if value else "off"
+        return _parse_check(str(value))
 
     @property
     def debug_dir(self) -> Path | None:
