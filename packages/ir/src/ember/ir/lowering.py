@@ -35,7 +35,7 @@ import torch.fx
 
 from ember.ir.errors import LoweringError
 from ember.ir.errors import NotLowerable as NotLowerable
-from ember.ir.expr import Load
+from ember.ir.expr import Load, Op, walk
 from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
 from ember.ir.layout import Layout
 from ember.ir.loops import Loop, Pointwise
@@ -75,6 +75,9 @@ class LoweringOptions:
 
     allow_fallback: bool = True
     loops: bool = False
+    # Op names (of the ops protocol) the target codegen cannot render: an ATen op whose
+    # body would use one stays an ATen call, so the rest of the graph still fuses.
+    unsupported_ops: frozenset[str] = frozenset()
     realize_cost: int = 8
     max_inline_cost: int = 200
 
@@ -201,7 +204,9 @@ class GraphLowering:
             lowering = LOWERINGS.get(node.target) or inplace_lowering(node.target)
             if lowering is not None and not _has_complex(node):
                 try:
-                    return self._maybe_realize(node, lowering(self, node))
+                    result = lowering(self, node)
+                    self._check_renderable(result)
+                    return self._maybe_realize(node, result)
                 except NotLowerable as why:
                     declined = f" (its lowering declined: {why})"
         intentional = node.target.overloadpacket in INTENTIONAL_EXTERNS
@@ -220,6 +225,16 @@ class GraphLowering:
                 _fallbacks_logged.add(op_name)
                 log.info("no lowering for %s: falling back to the ATen kernel", op_name)
         return self._extern(node, fallback=not intentional)
+
+    def _check_renderable(self, result: Any) -> None:
+        if not self.options.unsupported_ops:
+            return
+        values = result if isinstance(result, tuple) else (result,)
+        for value in values:
+            if isinstance(value, LazyTensor):
+                for item in walk(value.body()):
+                    if isinstance(item, Op) and item.name in self.options.unsupported_ops:
+                        raise NotLowerable(f"the code generator has no {item.name!r}")
 
     def _lower_call_method(self, node: torch.fx.Node) -> Any:
         raise LoweringError(

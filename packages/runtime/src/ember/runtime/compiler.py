@@ -23,7 +23,7 @@ import torch.fx
 from ember.graphpasses import default_pipeline
 from ember.ir import LoweringOptions, Program, format_program, lower_graph, verify
 from ember.runtime.config import config
-from ember.runtime.kernels import Launcher, compile_kernels, wants_loops
+from ember.runtime.kernels import Launcher, compile_kernels, unsupported_ops, wants_loops
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging
 from ember.runtime.wrapper import generate_wrapper
@@ -148,7 +148,11 @@ def _build(
     can retry with every op as an ATen call: a kernel bug costs speed, not the graph.
     """
     with _timed(record, "lowering"):
-        options = LoweringOptions(allow_fallback=config.fallback, loops=loops)
+        options = LoweringOptions(
+            allow_fallback=config.fallback,
+            loops=loops,
+            unsupported_ops=unsupported_ops(_devices(gm), config.kernels) if loops else frozenset(),
+        )
         program = lower_graph(gm, name=name, options=options)
         verify(program)
     _dump(debug, "ir.txt", lambda: format_program(program))

@@ -79,6 +79,24 @@ def compile_kernels(
     return launchers
 
 
+def unsupported_ops(devices: set[torch.device], mode: str) -> frozenset[str]:
+    """IR op names the codegens of `devices` cannot render (lowering keeps ATen ops
+    that need them as ATen calls)."""
+    if mode != "auto":
+        return frozenset()
+    names: set[str] = set()
+    for device in devices:
+        if device.type == "cpu":
+            from ember.codegen.cpp import UNSUPPORTED_OPS
+
+            names |= set(UNSUPPORTED_OPS)
+        elif device.type == "cuda":
+            from ember.codegen.triton import UNSUPPORTED
+
+            names |= set(UNSUPPORTED)
+    return frozenset(names)
+
+
 def wants_loops(devices: set[torch.device], mode: str) -> bool:
     """Whether to lower to loop nodes: only when every device can run generated kernels."""
     if mode == "extern" or not devices:

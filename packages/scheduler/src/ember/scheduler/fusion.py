@@ -142,9 +142,13 @@ class Fuser:
 
     def _place(self, buffer: ComputedBuffer, position: int) -> None:
         kind = _kind(buffer)
-        if kind == SCATTER or buffer.mutates is not None:
+        degenerate = isinstance(buffer.loop, Reduction) and not buffer.loop.reduction_ranges
+        if kind == SCATTER or buffer.mutates is not None or degenerate:
+            # Scatters and mutations take no company; so does a reduction over no
+            # dimension at all, which no iteration space of a fused kernel can hold.
             self._new_group(buffer, position, closed=True)
-            self.barriers.append(position)
+            if not degenerate:
+                self.barriers.append(position)
             return
         best: tuple[int, int, Group, Member] | None = None
         for order, group in enumerate(self.groups):
