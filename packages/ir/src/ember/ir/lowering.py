@@ -123,6 +123,7 @@ class GraphLowering:
         # FX node -> its IR value: a BufferRef, a sympy expression, or a plain value.
         self.env: dict[torch.fx.Node, Any] = {}
         self._bound_symbols: set[sympy.Symbol] = set()
+        self._views: set[str] = set()  # as_strided views made for extern arguments
         self._counter = 0
         # Layout of every named buffer, and for a mutated buffer the name of its
         # newest version (see ComputedBuffer.mutates).
@@ -274,6 +275,13 @@ class GraphLowering:
                 lazy.realized = self.store(Pointwise(lazy.size, lazy.body()), layout)
                 return lazy.realized
         value = self._convert(arg, copy_inputs=True)
+        if isinstance(value, BufferRef) and value.name in self._views and not _is_view_op(arg):
+            # A view ember made for an extern argument: eager returns a fresh tensor
+            # here, and an output must not alias storage the user does not expect.
+            have = self.layouts[value.name]
+            load = buffer_loader(value.name, have)
+            layout = Layout.contiguous(have.device, have.dtype, have.size)
+            return self.store(Pointwise(have.size, load(loop_vars(have.ndim))), layout)
         if (
             not self.options.loops
             or not isinstance(value, BufferRef)
@@ -281,12 +289,12 @@ class GraphLowering:
         ):
             return value
         wanted = Layout.of(val)
-        have = self.layouts.get(value.name)
-        if have is None or not _dense(wanted) or _same_strides(have, wanted):
+        current = self.layouts.get(value.name)
+        if current is None or not _dense(wanted) or _same_strides(current, wanted):
             return value
         layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
-        load = buffer_loader(value.name, have)
-        return self.store(Pointwise(have.size, load(loop_vars(have.ndim))), layout)
+        load = buffer_loader(value.name, current)
+        return self.store(Pointwise(current.size, load(loop_vars(current.ndim))), layout)
 
     # -- helpers --------------------------------------------------------------------
 
@@ -320,8 +328,8 @@ class GraphLowering:
         kernel = ExternKernel(
             name=self._new_name("buf"),
             op=node.target,
-            args=tuple(self._convert(a) for a in node.args),
-            kwargs=tuple((k, self._convert(v)) for k, v in node.kwargs.items()),
+            args=tuple(self._extern_arg(a) for a in node.args),
+            kwargs=tuple((k, self._extern_arg(v)) for k, v in node.kwargs.items()),
             outputs=outputs,
             multi=multi,
             symbol=symbol,
@@ -336,6 +344,57 @@ class GraphLowering:
             self._bound_symbols.add(symbol)
             return symbol
         return BufferRef(kernel.name)
+
+    def _extern_arg(self, arg: Any) -> Any:
+        """An extern's argument: a lazy value that only reads a stored buffer through an
+        affine index (a transpose, slice, expand...) is passed as a strided view of that
+        buffer instead of being copied: ATen kernels take any strides (matmul reads a
+        transposed weight directly), and every Linear layer would otherwise copy its
+        weight on every call. Arguments the op writes are never views (see
+        `_check_extern_mutation`)."""
+        if isinstance(arg, (list, tuple)):
+            return tuple(self._extern_arg(a) for a in arg)
+        if isinstance(arg, torch.fx.Node) and self.options.loops:
+            value = self.env[arg]
+            if isinstance(value, LazyTensor) and value.realized is None:
+                view = self._strided_view(value)
+                if view is not None:
+                    return view
+        return self._convert(arg)
+
+    def _strided_view(self, value: LazyTensor) -> BufferRef | None:
+        body = value.body()
+        if not isinstance(body, Load) or body.mask is not None or body.indirect:
+            return None
+        layout = self.layouts.get(body.buffer)
+        if layout is None or layout.dtype != value.dtype:
+            return None
+        index = sympy.expand(body.index)
+        variables = loop_vars(len(value.size))
+        strides = [sympy.expand(sympy.diff(index, v)) for v in variables]
+        offset = sympy.expand(index.xreplace(dict.fromkeys(variables, sympy.Integer(0))))
+        affine = sympy.expand(
+            index
+            - offset
+            - sum((c * v for c, v in zip(strides, variables, strict=True)), sympy.Integer(0))
+        )
+        if affine != 0 or any(c.free_symbols & set(variables) for c in strides):
+            return None
+        if any(c.is_number and c < 0 for c in (*strides, offset)):
+            return None
+        view = ExternKernel(
+            name=self._new_name("buf"),
+            op=torch.ops.aten.as_strided.default,
+            args=(BufferRef(body.buffer), tuple(value.size), tuple(strides), offset),
+            kwargs=(),
+            outputs=(Layout(value.device, value.dtype, tuple(value.size), tuple(strides), offset),),
+            origin=self.current_node.name if self.current_node is not None else "",
+        )
+        self.add(view)
+        self.layouts[view.name] = view.outputs[0]  # type: ignore[assignment]  # a tensor result
+        self._views.add(view.name)
+        value.realized = BufferRef(view.name)
+        return value.realized
 
     def add(self, node: ComputeNode) -> None:
         self.program.nodes.append(node)
@@ -529,6 +588,17 @@ _MISSING = object()
 
 # Names the generated code uses for itself: inputs must not shadow them.
 _RESERVED = frozenset({"args", "call", "torch", "math"})
+
+
+def _is_view_op(arg: Any) -> bool:
+    """The FX node's op returns an alias of its input (so eager's output is a view)."""
+    target = getattr(arg, "target", None)
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return bool(returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
 
 
 def _dense(layout: Layout) -> bool:
