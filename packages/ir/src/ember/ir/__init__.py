@@ -20,7 +20,14 @@ from ember.ir import (  # noqa: F401
 )
 from ember.ir.errors import LoweringError, VerificationError
 from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, loads, walk
-from ember.ir.interpreter import bind_symbols, conform_extern_result, ensure_layout, run_program
+from ember.ir.interpreter import (
+    argument_value,
+    bind_symbols,
+    call_extern,
+    conform_extern_result,
+    ensure_layout,
+    run_program,
+)
 from ember.ir.layout import Layout
 from ember.ir.loops import REDUCTION_KINDS, Pointwise, Reduction, Scatter
 from ember.ir.lowering import (
@@ -84,8 +91,10 @@ __all__ = [
     "SizeInput",
     "VerificationError",
     "Where",
+    "argument_value",
     "as_expr",
     "bind_symbols",
+    "call_extern",
     "conform_extern_result",
     "ensure_layout",
     "evaluate",

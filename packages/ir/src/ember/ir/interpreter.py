@@ -80,6 +80,32 @@ def conform(value: Any, layout: Layout | None, bindings: Mapping[sympy.Symbol, i
     return ensure_layout(value, size, stride)
 
 
+def argument_value(tree: Any, env: Mapping[str, Any], bindings: Mapping[sympy.Symbol, int]) -> Any:
+    """An IR argument tree with buffers and size expressions replaced by their values."""
+    if isinstance(tree, BufferRef):
+        return env[tree.name]
+    if isinstance(tree, sympy.Basic):
+        return evaluate(tree, bindings)
+    if isinstance(tree, tuple):
+        return [argument_value(t, env, bindings) for t in tree]
+    if isinstance(tree, dict):
+        return {k: argument_value(v, env, bindings) for k, v in tree.items()}
+    return tree
+
+
+def call_extern(
+    node: ExternKernel, env: Mapping[str, Any], bindings: dict[sympy.Symbol, int]
+) -> Any:
+    """Run an extern call on the values in `env`; binds the symbol it defines, if any,
+    and conforms its result to the planned strides."""
+    args = argument_value(node.args, env, bindings)
+    kwargs = {k: argument_value(v, env, bindings) for k, v in node.kwargs}
+    result = node.op(*args, **kwargs)
+    if node.symbol is not None:
+        bindings[node.symbol] = int(result)
+    return conform_extern_result(node, result, bindings)
+
+
 def run_program(program: Program, args: Sequence[Any], *, seed: int | None = None) -> list[Any]:
     """Execute `program` on concrete `args` (in the program's input order).
 
@@ -94,25 +120,11 @@ def run_program(program: Program, args: Sequence[Any], *, seed: int | None = Non
             seed = int(torch.randint(0, 2**62, ()).item())
         env[program.rng_seed] = torch.tensor(seed, dtype=torch.int64)
 
-    def value(tree: Any) -> Any:
-        if isinstance(tree, BufferRef):
-            return env[tree.name]
-        if isinstance(tree, sympy.Basic):
-            return evaluate(tree, bindings)
-        if isinstance(tree, tuple):
-            return [value(t) for t in tree]
-        if isinstance(tree, dict):
-            return {k: value(v) for k, v in tree.items()}
-        return tree
-
     for item in program.nodes:
         if isinstance(item, ExternKernel):
-            result = item.op(*value(item.args), **{k: value(v) for k, v in item.kwargs})
-            if item.symbol is not None:
-                bindings[item.symbol] = int(result)
-            env[item.name] = conform_extern_result(item, result, bindings)
+            env[item.name] = call_extern(item, env, bindings)
         elif isinstance(item, MultiOutput):
             env[item.name] = conform(env[item.source][item.index], item.layout, bindings)
         elif isinstance(item, ComputedBuffer):
             env[item.name] = run_loop(item, env, bindings)
-    return [value(out) for out in program.outputs]
+    return [argument_value(out, env, bindings) for out in program.outputs]

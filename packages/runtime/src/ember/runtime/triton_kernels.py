@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +30,7 @@ from typing import Any
 import torch
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
+from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
 
 _modules: dict[str, ModuleType] = {}  # source hash -> loaded module
@@ -62,19 +61,7 @@ def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
     module = _modules.get(digest)
     if module is not None:
         return module
-    directory = cache_dir / "triton"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"k{digest}.py"
-    if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(f"ember_triton_{digest}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load generated kernel {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_module(write_source(cache_dir / "triton", source, prefix="k"), {})
     if interpreting() and hasattr(module, "libdevice"):
         module.libdevice = InterpreterLibdevice()  # type: ignore[attr-defined]  # generated module
     _modules[digest] = module

@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir import BufferRef, Layout, bind_symbols, conform_extern_result, evaluate
+from ember.ir import Layout, argument_value, bind_symbols, call_extern, evaluate
 from ember.ir.evaluate import BodyEvaluator, _reduce, storage_of
 from ember.ir.interpreter import conform
 from ember.ir.symbolic import indirect_var
@@ -107,17 +107,6 @@ def run_schedule(schedule: Schedule, args: Sequence[Any], *, seed: int | None = 
         drawn = int(torch.randint(0, 2**62, ()).item()) if seed is None else seed
         env[program.rng_seed] = torch.tensor(drawn, dtype=torch.int64)
 
-    def value(tree: Any) -> Any:
-        if isinstance(tree, BufferRef):
-            return env[tree.name]
-        if isinstance(tree, sympy.Basic):
-            return evaluate(tree, bindings)
-        if isinstance(tree, tuple):
-            return [value(t) for t in tree]
-        if isinstance(tree, dict):
-            return {k: value(v) for k, v in tree.items()}
-        return tree
-
     for index, step in enumerate(schedule.steps):
         for allocation in schedule.memory.allocations[index]:
             if allocation.reuse is not None:
@@ -127,15 +116,11 @@ def run_schedule(schedule: Schedule, args: Sequence[Any], *, seed: int | None = 
         if isinstance(step, KernelStep):
             run_kernel(step.kernel, env, bindings)
         elif isinstance(step, ExternCall):
-            node = step.node
-            result = node.op(*value(node.args), **{k: value(v) for k, v in node.kwargs})
-            if node.symbol is not None:
-                bindings[node.symbol] = int(result)
-            env[node.name] = conform_extern_result(node, result, bindings)
+            env[step.node.name] = call_extern(step.node, env, bindings)
         elif isinstance(step, SelectOutput):
             env[step.node.name] = conform(
                 env[step.node.source][step.node.index], step.node.layout, bindings
             )
         for name in schedule.memory.frees_after[index]:
             env.pop(name, None)
-    return [value(out) for out in program.outputs]
+    return [argument_value(out, env, bindings) for out in program.outputs]
