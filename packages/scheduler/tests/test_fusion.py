@@ -133,3 +133,53 @@ def sympy_int(value: int) -> object:
     import sympy
 
     return sympy.Integer(value)
+
+
+def test_transformer_block_schedule(schedule: Callable[..., Schedule]) -> None:
+    """torch's pre-norm encoder layer, inference: matmuls and attention stay externs.
+    Its batch-first input is transposed to sequence-first inside the layer, so each
+    norm's output is read back through a permutation (not the same point): the
+    statistics and the normalisation are two kernels there, unlike the next test."""
+    block = torch.nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, batch_first=True, norm_first=True
+    ).eval()
+    with torch.no_grad():
+        sched = schedule(lambda x: block(x), torch.randn(2, 8, 32))
+    externs = [s for s in sched.steps if s.launches_kernel and not hasattr(s, "kernel")]
+    assert len(externs) == 5  # qkv, attention, out-projection, two MLP matmuls
+    assert len(sched.kernels) == KERNELS_OF_TORCH_ENCODER_LAYER, [k.name for k in sched.kernels]
+    welford = [k for k in sched.kernels if any(m.reduction == "welford" for m in k.members)]
+    assert len(welford) == 2
+
+
+KERNELS_OF_TORCH_ENCODER_LAYER = 7
+
+
+def test_layer_norm_before_a_linear_is_one_kernel(schedule: Callable[..., Schedule]) -> None:
+    """[B, S, D] normalised, read back as [B*S, D] by the matmul: the welford and its
+    epilogue meet once the loop dimensions are merged (iteration.merge_loop)."""
+
+    def norm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.layer_norm(x, (32,)), w)
+
+    sched = schedule(norm_linear, torch.randn(2, 8, 32), torch.randn(16, 32))
+    (kernel,) = sched.kernels
+    assert [m.kind for m in kernel.members] == ["reduction", "pointwise"]
+
+
+def test_cnn_block_with_batch_norm_schedule(schedule: Callable[..., Schedule]) -> None:
+    """Inference batch norm folds into one pointwise kernel with the ReLU after the
+    convolution; training batch norm computes its statistics in one welford pass."""
+    conv, bn = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+    x = torch.randn(2, 3, 16, 16)
+    bn.eval()
+    with torch.no_grad():
+        sched = schedule(lambda t: torch.relu(bn(conv(t))), x)
+    assert len(sched.kernels) == 1 and sched.kernels[0].members[0].kind == "pointwise"
+    bn.train()
+    train = schedule(lambda t: torch.relu(bn(conv(t))), x)
+    reductions = {m.reduction for k in train.kernels for m in k.members if m.kind == "reduction"}
+    assert "welford" in reductions or "sum" in reductions
+    # num_batches_tracked += 1; the statistics; the two running-stat updates (input
+    # mutations stay alone); normalise + ReLU.
+    assert len(train.kernels) == 5, [k.name for k in train.kernels]

@@ -264,6 +264,15 @@ class GraphLowering:
         if self.options.loops and isinstance(arg, torch.fx.Node) and isinstance(val, torch.Tensor):
             lazy = self.env[arg]
             wanted = Layout.of(val)
+            if isinstance(lazy, LazyTensor) and lazy.realized is None:
+                # A reshape or transpose of an intermediate buffer is returned as a view
+                # of it (eager returns a view too); views of graph inputs are copied.
+                body = lazy.body()
+                inputs = {n.name for n in self.program.inputs}
+                if isinstance(body, Load) and body.buffer not in inputs:
+                    view = self._strided_view(lazy)
+                    if view is not None and _same_strides(self.layouts[view.name], wanted):
+                        return view
             if (
                 isinstance(lazy, LazyTensor)
                 and lazy.realized is None

@@ -33,9 +33,10 @@ import sympy
 from ember.ir import ComputedBuffer, ExternKernel, Load, MultiOutput, Node, Op, Program, walk
 from ember.ir.expr import map_dag, replace_index
 from ember.ir.loops import Pointwise, Reduction, Scatter
-from ember.ir.symbolic import index_var
+from ember.ir.symbolic import index_var, product
 from ember.scheduler.choices import DeviceChoices
 from ember.scheduler.indexing import store_index
+from ember.scheduler.iteration import merge_loop
 from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER
 
 
@@ -88,6 +89,35 @@ def _kind(buffer: ComputedBuffer) -> str:
     return REDUCTION if isinstance(buffer.loop, Reduction) else POINTWISE
 
 
+def _space_map(
+    src: tuple[sympy.Expr, ...], outer: tuple[sympy.Expr, ...], inner: tuple[sympy.Expr, ...]
+) -> tuple[dict[sympy.Symbol, sympy.Expr], bool] | None:
+    """How a pointwise loop over `src` (variables i0..) maps onto a kernel space of
+    `outer` (i0..) and `inner` (r0..) dimensions: (variable mapping, covers inner).
+
+    Either dimension by dimension (`src` is `outer`, or `outer ++ inner`), or, when the
+    loop was merged into one dimension, by splitting that dimension row-major over the
+    kernel's: i0 -> i0 * (...) + ... + r0, exact because every index is affine in it."""
+    if src == outer:
+        return {}, False
+    if inner and src == (*outer, *inner):
+        return {index_var("i", len(outer) + j): index_var("r", j) for j in range(len(inner))}, True
+    if len(src) != 1:
+        return None
+    for target, covers_inner in (((*outer, *inner), True), (outer, False)):
+        if len(target) < 2 or (covers_inner and not inner):
+            continue
+        if sympy.expand(src[0] - product(target)) != 0:
+            continue
+        names = [index_var("i", k) for k in range(len(outer))]
+        names += [index_var("r", k) for k in range(len(inner))] if covers_inner else []
+        linear: sympy.Expr = sympy.Integer(0)
+        for k, name in enumerate(names):
+            linear = linear + name * product(target[k + 1 :])
+        return {index_var("i", 0): sympy.expand(linear)}, covers_inner
+    return None
+
+
 def _var_map(
     buffer: ComputedBuffer, ranges: tuple[sympy.Expr, ...], reduction_ranges: tuple[sympy.Expr, ...]
 ) -> tuple[dict[sympy.Symbol, sympy.Expr], bool] | None:
@@ -99,15 +129,7 @@ def _var_map(
         return None
     if not isinstance(loop, Pointwise):
         return None
-    if loop.ranges == ranges:
-        return {}, False
-    if reduction_ranges and loop.ranges == (*ranges, *reduction_ranges):
-        outer = len(ranges)
-        mapping = {
-            index_var("i", outer + j): index_var("r", j) for j in range(len(reduction_ranges))
-        }
-        return mapping, True
-    return None
+    return _space_map(loop.ranges, ranges, reduction_ranges)
 
 
 class Fuser:
@@ -121,6 +143,7 @@ class Fuser:
         self.position_of: dict[str, int] = {}
         self.barriers: list[int] = []  # positions of steps nothing may move across
         self.sizes: dict[str, int] = {}
+        self.store_indices: dict[str, sympy.Expr] = {}  # in each buffer's merged loop
 
     def run(self) -> list[Group]:
         for value in (*self.program.inputs, *self.program.constants):
@@ -133,7 +156,9 @@ class Fuser:
             if layout is not None:
                 self.sizes[node.name] = hint(layout.numel()) * layout.dtype.itemsize
             if isinstance(node, ComputedBuffer):
-                self._place(node, position)
+                merged, index = merge_loop(node, store_index(node))
+                self.store_indices[node.name] = index
+                self._place(merged, position)
             elif isinstance(node, ExternKernel) and _mutates(node):
                 self.barriers.append(position)
             elif not isinstance(node, (ExternKernel, MultiOutput)):  # pragma: no cover
@@ -172,7 +197,8 @@ class Fuser:
         loop = buffer.loop
         reduction_ranges = loop.reduction_ranges if isinstance(loop, Reduction) else ()
         group = Group(position, loop.ranges, reduction_ranges, closed=closed)
-        group.members.append(Member(buffer, _kind(buffer), loop.body, store_index(buffer), False))
+        index = self.store_indices[buffer.name]
+        group.members.append(Member(buffer, _kind(buffer), loop.body, index, False))
         self.groups.append(group)
         self.group_of[buffer.name] = group
 
@@ -180,10 +206,9 @@ class Fuser:
         """Turn a pointwise group into the prologue of `reduction`'s kernel."""
         loop = reduction.loop
         assert isinstance(loop, Reduction)
-        outer = len(loop.ranges)
-        mapping = {
-            index_var("i", outer + j): index_var("r", j) for j in range(len(loop.reduction_ranges))
-        }
+        placed = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
+        assert placed is not None
+        mapping = placed[0]
         group.ranges, group.reduction_ranges = loop.ranges, loop.reduction_ranges
         for m in group.members:
             m.body = replace_index(m.body, mapping)
@@ -200,7 +225,8 @@ class Fuser:
         loop = buffer.loop
         if kind == REDUCTION and not reduction_ranges:
             assert isinstance(loop, Reduction)
-            if group.ranges != (*loop.ranges, *loop.reduction_ranges):
+            prologue = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
+            if prologue is None or not prologue[1]:
                 return None
             ranges, reduction_ranges = loop.ranges, loop.reduction_ranges
             widened = True
@@ -217,7 +243,7 @@ class Fuser:
         inlined = self._inline(body, members, over_reduction or kind == REDUCTION)
         if inlined is None:
             return None
-        index = sympy.expand(store_index(buffer).xreplace(mapping))
+        index = sympy.expand(self.store_indices[buffer.name].xreplace(mapping))
         member = Member(buffer, kind, inlined, index, over_reduction)
         return member, self._score(group, buffer)
 
@@ -230,10 +256,9 @@ class Fuser:
     ) -> dict[str, Member]:
         if not widened:
             return {m.buffer.name: m for m in group.members}
-        outer = len(ranges)
-        mapping = {
-            index_var("i", outer + j): index_var("r", j) for j in range(len(reduction_ranges))
-        }
+        placed = _space_map(group.ranges, ranges, reduction_ranges)
+        assert placed is not None
+        mapping = placed[0]
         return {
             m.buffer.name: Member(
                 m.buffer,

@@ -14,7 +14,9 @@ from dataclasses import replace
 
 import sympy
 
+from ember.ir import ComputedBuffer
 from ember.ir.expr import replace_index
+from ember.ir.loops import Pointwise, Reduction, Scatter
 from ember.ir.symbolic import index_var
 from ember.scheduler.indexing import affine_coefficient, body_exprs
 from ember.scheduler.kernel import FusedKernel, KernelMember
@@ -52,7 +54,13 @@ def _exprs(members: list[KernelMember]) -> list[sympy.Expr]:
 def _mergeable(
     members: list[KernelMember], a: sympy.Symbol, b: sympy.Symbol, range_b: sympy.Expr
 ) -> bool:
-    for expr in _exprs(members):
+    return _mergeable_exprs(_exprs(members), a, b, range_b)
+
+
+def _mergeable_exprs(
+    exprs: list[sympy.Expr], a: sympy.Symbol, b: sympy.Symbol, range_b: sympy.Expr
+) -> bool:
+    for expr in exprs:
         if not expr.has(a) and not expr.has(b):
             continue
         ca, cb = affine_coefficient(expr, a), affine_coefficient(expr, b)
@@ -61,12 +69,48 @@ def _mergeable(
     return True
 
 
-def _merge(member: KernelMember, prefix: str, d: int, count: int) -> KernelMember:
+def _merge_mapping(prefix: str, d: int, count: int) -> dict[sympy.Symbol, sympy.Expr]:
     """Substitute (v_d, v_{d+1}) -> (0, v_d) and shift the later variables down by one."""
     mapping: dict[sympy.Symbol, sympy.Expr] = {index_var(prefix, d): sympy.Integer(0)}
     mapping[index_var(prefix, d + 1)] = index_var(prefix, d)
     for k in range(d + 2, count):
         mapping[index_var(prefix, k)] = index_var(prefix, k - 1)
+    return mapping
+
+
+def merge_loop(buffer: ComputedBuffer, index: sympy.Expr) -> tuple[ComputedBuffer, sympy.Expr]:
+    """The same computed buffer over the fewest loop dimensions its indices allow, and
+    its store index in the merged variables. Done before fusion, so that a layer norm
+    over [B, S] x [D] meets its epilogue read back as [B*S, D] (a view for a matmul)."""
+    loop = buffer.loop
+    if isinstance(loop, Scatter) or buffer.mutates is not None:
+        return buffer, index
+    ranges = list(loop.ranges)
+    inner = list(loop.reduction_ranges) if isinstance(loop, Reduction) else []
+    body = loop.body
+    for prefix, dims in (("i", ranges), ("r", inner)):
+        d = len(dims) - 2
+        while d >= 0:
+            a, b = index_var(prefix, d), index_var(prefix, d + 1)
+            if _mergeable_exprs([*body_exprs([body]), index], a, b, dims[d + 1]):
+                mapping = _merge_mapping(prefix, d, len(dims))
+                body = replace_index(body, mapping)
+                index = sympy.expand(index.xreplace(mapping))
+                dims[d : d + 2] = [sympy.expand(dims[d] * dims[d + 1])]
+            d -= 1
+    if len(ranges) == len(loop.ranges) and len(inner) == len(getattr(loop, "reduction_ranges", ())):
+        return buffer, index
+    merged: Pointwise | Reduction
+    if isinstance(loop, Reduction):
+        merged = Reduction(tuple(ranges), tuple(inner), loop.kind, body)
+    else:
+        merged = Pointwise(tuple(ranges), body)
+    return replace(buffer, loop=merged), index
+
+
+def _merge(member: KernelMember, prefix: str, d: int, count: int) -> KernelMember:
+    """`member` with (v_d, v_{d+1}) merged (see `_merge_mapping`)."""
+    mapping = _merge_mapping(prefix, d, count)
     return replace(
         member,
         body=replace_index(member.body, mapping),
