@@ -23,7 +23,13 @@ import torch.fx
 from ember.graphpasses import default_pipeline
 from ember.ir import LoweringOptions, Program, format_program, lower_graph, verify
 from ember.runtime.config import config
-from ember.runtime.kernels import Launcher, compile_kernels, unsupported_ops, wants_loops
+from ember.runtime.kernels import (
+    Launcher,
+    compile_kernels,
+    scheduling_choices,
+    unsupported_ops,
+    wants_loops,
+)
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging
 from ember.runtime.wrapper import generate_wrapper
@@ -157,7 +163,7 @@ def _build(
         verify(program)
     _dump(debug, "ir.txt", lambda: format_program(program))
     with _timed(record, "scheduling"):
-        schedule = schedule_program(program)
+        schedule = schedule_program(program, scheduling_choices(_devices(gm)))
     _dump(debug, "schedule.txt", schedule.format)
     if not schedule.kernels:
         return program, schedule, {}

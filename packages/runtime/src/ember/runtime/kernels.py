@@ -19,7 +19,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.scheduler import FusedKernel, run_kernel
+from ember.scheduler import DEFAULT_CHOICES, DeviceChoices, FusedKernel, run_kernel
 
 Launcher = Callable[..., None]
 KernelCompiler = Callable[..., dict[str, Launcher]]  # (kernels, *, cache_dir)
@@ -95,6 +95,21 @@ def unsupported_ops(devices: set[torch.device], mode: str) -> frozenset[str]:
 
             names |= set(UNSUPPORTED)
     return frozenset(names)
+
+
+def scheduling_choices(devices: set[torch.device]) -> DeviceChoices:
+    """The scheduler's device-specific choices: the codegen's own for a single-device
+    graph, the defaults otherwise."""
+    types = {d.type for d in devices}
+    if types == {"cpu"}:
+        from ember.codegen.cpp import CPP_CHOICES
+
+        return CPP_CHOICES
+    if types == {"cuda"}:
+        from ember.codegen.triton import TRITON_CHOICES
+
+        return TRITON_CHOICES
+    return DEFAULT_CHOICES
 
 
 def wants_loops(devices: set[torch.device], mode: str) -> bool:

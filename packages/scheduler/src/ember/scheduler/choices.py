@@ -18,15 +18,16 @@ class DeviceChoices:
 
     `max_members`: most IR nodes in one kernel (compile time and register pressure).
     `max_inline_ops`: a pointwise member is inlined into other members of its kernel
-    (recomputed) only when its body has at most this many ops; heavier producers stay
-    in their own kernel rather than being computed twice.
+    (recomputed) only when its body has at most this many ops, and only while inlining
+    adds at most this many ops to the reader; heavier producers stay in their own
+    kernel rather than being computed again at every stage of a long chain.
     `horizontal`: fuse siblings that share inputs but not data.
     `split_reduction_above`: a reduction over more elements than this, with few outer
     points, is worth splitting into two kernels (a hint the codegen may act on).
     """
 
     max_members: int = 48
-    max_inline_ops: int = 48
+    max_inline_ops: int = 24
     horizontal: bool = True
     split_reduction_above: int = 1 << 16
 

@@ -294,7 +294,11 @@ class Fuser:
             return member.body
 
         result = map_dag(body, rewrite)
-        return None if failed else result
+        if failed:
+            return None
+        if result is not body and body_cost(result) > body_cost(body) + self.choices.max_inline_ops:
+            return None  # chains of inlined producers would be recomputed at every stage
+        return result
 
     def _dependencies_allow(self, group: Group, buffer: ComputedBuffer) -> bool:
         if any(b > group.position for b in self.barriers):

@@ -24,8 +24,10 @@ from ember.codegen.cpp.render import (
     render_kernels,
 )
 from ember.codegen.cpp.target import CppTarget, cpp_target
+from ember.scheduler import DeviceChoices
 
 __all__ = [
+    "CPP_CHOICES",
     "OP_FORMATS",
     "PRELUDE",
     "UNSUPPORTED_OPS",
@@ -39,3 +41,9 @@ __all__ = [
     "render_kernel",
     "render_kernels",
 ]
+
+
+# Scheduling choices for CPU kernels: recomputing an inlined producer costs a full
+# extra pass per reduction stage here (and transcendental ops are scalar libm calls),
+# so only cheap producers are inlined; longer chains are stored once instead.
+CPP_CHOICES = DeviceChoices(max_inline_ops=8)

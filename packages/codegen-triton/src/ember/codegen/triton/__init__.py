@@ -13,8 +13,10 @@ from ember.codegen.triton.optable import TRITON_OPS, UNSUPPORTED
 from ember.codegen.triton.plan import GridSpec, KernelPlan, LaunchConfig, plan_kernel
 from ember.codegen.triton.printer import UnsupportedKernelError
 from ember.codegen.triton.target import TritonTarget, triton_target
+from ember.scheduler import DeviceChoices
 
 __all__ = [
+    "TRITON_CHOICES",
     "TRITON_OPS",
     "UNSUPPORTED",
     "GridSpec",
@@ -27,3 +29,8 @@ __all__ = [
     "render_kernel",
     "triton_target",
 ]
+
+
+# Scheduling choices for GPU kernels: persistent reductions keep a row in registers,
+# so recomputing an inlined producer per stage is cheap next to another memory pass.
+TRITON_CHOICES = DeviceChoices(max_inline_ops=24)
