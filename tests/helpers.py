@@ -75,3 +75,24 @@ def assert_compiled_by_ember(start: int, *, backward: bool = False) -> None:
     assert all(r.wrapper_path is not None and r.wrapper_path.exists() for r in records)
     if backward:
         assert any(r.graph.startswith("backward") for r in records)
+
+
+class LastHiddenState(nn.Module):
+    """A `transformers` model as a tensor -> tensor module (its last hidden state)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(input_ids=ids).last_hidden_state
+        return out
+
+
+def gpt2(transformers: Any, *, vocab: int, width: int) -> nn.Module:
+    """A 2-layer GPT-2 with random weights and no dropout, built from a config."""
+    config = transformers.GPT2Config(
+        vocab_size=vocab, n_embd=width, n_layer=2, n_head=4, n_positions=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    return LastHiddenState(transformers.GPT2Model(config))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import check_inference, check_training
+from helpers import check_inference, check_training, gpt2
 from torch import nn
 
 from ember.runtime.cli import main
@@ -62,30 +62,10 @@ def test_dynamic_batch_on_gpu() -> None:
 
 def test_gpt2_from_config_on_gpu() -> None:
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        vocab_size=256,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        n_positions=64,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    inner = transformers.GPT2Model(config).to(DEVICE)
-
-    class Hidden(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.inner(input_ids=ids).last_hidden_state
-            return out
-
+    model = gpt2(transformers, vocab=256, width=64).to(DEVICE)
     tokens = torch.randint(0, 256, (2, 32), device=DEVICE)
-    check_inference(Hidden(), [tokens], rtol=1e-4, atol=1e-4)
-    check_training(Hidden(), [tokens], rtol=1e-3, atol=1e-4, steps=1)
+    check_inference(model, [tokens], rtol=1e-4, atol=1e-4)
+    check_training(model, [tokens], rtol=1e-3, atol=1e-4, steps=1)
 
 
 def test_demo_on_gpu(capsys: pytest.CaptureFixture[str]) -> None:

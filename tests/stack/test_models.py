@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import check_inference, check_training
+from helpers import LastHiddenState, check_inference, check_training, gpt2
 from torch import nn
 
 from ember.runtime.models import MLP, TransformerBlock
@@ -87,31 +87,10 @@ def test_transformers_model_from_config(arch: str) -> None:
             hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
         )
-        model = transformers.BertModel(config)
+        model = LastHiddenState(transformers.BertModel(config))
     else:
-        config = transformers.GPT2Config(
-            vocab_size=128,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            n_positions=64,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-        model = transformers.GPT2Model(config)
+        model = gpt2(transformers, vocab=128, width=32)
     tokens = torch.randint(0, 128, (2, 16))
 
-    def hidden(out: object) -> torch.Tensor:
-        return out.last_hidden_state  # type: ignore[attr-defined, no-any-return]
-
-    class Wrapped(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = model
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return hidden(self.inner(input_ids=ids))
-
-    check_inference(Wrapped(), [tokens], rtol=1e-4, atol=1e-4)
-    check_training(Wrapped(), [tokens], rtol=1e-4, atol=1e-4, steps=1)
+    check_inference(model, [tokens], rtol=1e-4, atol=1e-4)
+    check_training(model, [tokens], rtol=1e-4, atol=1e-4, steps=1)

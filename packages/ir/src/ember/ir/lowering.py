@@ -51,6 +51,7 @@ from ember.ir.nodes import (
     MultiOutput,
     OpaqueInput,
     SizeInput,
+    returns_view,
 )
 from ember.ir.program import Program
 from ember.ir.symbolic import as_expr, loop_vars, simplify_index
@@ -288,9 +289,7 @@ class GraphLowering:
             # A view ember made for an extern argument: eager returns a fresh tensor
             # here, and an output must not alias storage the user does not expect.
             have = self.layouts[value.name]
-            load = buffer_loader(value.name, have)
-            layout = Layout.contiguous(have.device, have.dtype, have.size)
-            return self.store(Pointwise(have.size, load(loop_vars(have.ndim))), layout)
+            return self._copy(value.name, Layout.contiguous(have.device, have.dtype, have.size))
         if (
             not self.options.loops
             or not isinstance(value, BufferRef)
@@ -301,9 +300,15 @@ class GraphLowering:
         current = self.layouts.get(value.name)
         if current is None or not _dense(wanted) or _same_strides(current, wanted):
             return value
-        layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
-        load = buffer_loader(value.name, current)
-        return self.store(Pointwise(current.size, load(loop_vars(current.ndim))), layout)
+        return self._copy(
+            value.name, Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
+        )
+
+    def _copy(self, name: str, layout: Layout) -> BufferRef:
+        """A new buffer holding the values of buffer `name`, stored with `layout`."""
+        source = self.layouts[name]
+        load = buffer_loader(name, source)
+        return self.store(Pointwise(source.size, load(loop_vars(source.ndim))), layout)
 
     # -- helpers --------------------------------------------------------------------
 
@@ -602,12 +607,7 @@ _RESERVED = frozenset({"args", "call", "torch", "math"})
 def _is_view_op(arg: Any) -> bool:
     """The FX node's op returns an alias of its input (so eager's output is a view)."""
     target = getattr(arg, "target", None)
-    if not isinstance(target, torch._ops.OpOverload):
-        return False
-    returns = target._schema.returns
-    return bool(returns) and all(
-        r.alias_info is not None and not r.alias_info.is_write for r in returns
-    )
+    return isinstance(target, torch._ops.OpOverload) and returns_view(target)
 
 
 def _dense(layout: Layout) -> bool:

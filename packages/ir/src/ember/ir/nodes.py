@@ -98,9 +98,7 @@ class ExternKernel:
     @property
     def is_view(self) -> bool:
         """The op returns an alias of an input (no data is moved, no kernel runs)."""
-        return bool(self.op._schema.returns) and all(
-            r.alias_info is not None and not r.alias_info.is_write for r in self.op._schema.returns
-        )
+        return returns_view(self.op)
 
     @property
     def writes_arguments(self) -> bool:
@@ -111,6 +109,14 @@ class ExternKernel:
 
     def reads(self) -> Iterator[str]:
         yield from (ref.name for ref in iter_refs((self.args, self.kwargs)))
+
+
+def returns_view(op: torch._ops.OpOverload) -> bool:
+    """`op` returns aliases of its inputs only (a view op: no data moves)."""
+    returns = op._schema.returns
+    return bool(returns) and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
 
 
 @dataclass(frozen=True)

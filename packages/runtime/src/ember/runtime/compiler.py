@@ -108,11 +108,14 @@ def compile_graph(
         with _timed(record, stage):
             gm, report = default_pipeline(dump_dir=debug / "passes" if debug else None).run(gm)
             log.debug("%s", report.format())
-        loops = wants_loops(_devices(gm), config.kernels)
+        devices = _devices(gm)
+        loops = wants_loops(devices, config.kernels)
         stage = "lowering"
-        program, schedule, launchers = _build(gm, graph_name, record, debug, loops=loops)
+        program, schedule, launchers = _build(gm, graph_name, record, debug, devices, loops=loops)
         if loops and launchers is None:
-            program, schedule, launchers = _build(gm, graph_name, record, debug, loops=False)
+            program, schedule, launchers = _build(
+                gm, graph_name, record, debug, devices, loops=False
+            )
         stage = "wrapper"
         with _timed(record, stage):
             wrapper = generate_wrapper(schedule, launchers)
@@ -145,7 +148,13 @@ def compile_graph(
 
 
 def _build(
-    gm: torch.fx.GraphModule, name: str, record: CompileRecord, debug: Path | None, *, loops: bool
+    gm: torch.fx.GraphModule,
+    name: str,
+    record: CompileRecord,
+    debug: Path | None,
+    devices: set[torch.device],
+    *,
+    loops: bool,
 ) -> tuple[Program, Schedule, dict[str, Launcher] | None]:
     """Lower, schedule and compile the kernels of one graph.
 
@@ -157,13 +166,13 @@ def _build(
         options = LoweringOptions(
             allow_fallback=config.fallback,
             loops=loops,
-            unsupported_ops=unsupported_ops(_devices(gm), config.kernels) if loops else frozenset(),
+            unsupported_ops=unsupported_ops(devices, config.kernels) if loops else frozenset(),
         )
         program = lower_graph(gm, name=name, options=options)
         verify(program)
     _dump(debug, "ir.txt", lambda: format_program(program))
     with _timed(record, "scheduling"):
-        schedule = schedule_program(program, scheduling_choices(_devices(gm)))
+        schedule = schedule_program(program, scheduling_choices(devices))
     _dump(debug, "schedule.txt", schedule.format)
     if not schedule.kernels:
         return program, schedule, {}

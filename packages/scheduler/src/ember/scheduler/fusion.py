@@ -159,7 +159,7 @@ class Fuser:
                 merged, index = merge_loop(node, store_index(node))
                 self.store_indices[node.name] = index
                 self._place(merged, position)
-            elif isinstance(node, ExternKernel) and _mutates(node):
+            elif isinstance(node, ExternKernel) and node.writes_arguments:
                 self.barriers.append(position)
             elif not isinstance(node, (ExternKernel, MultiOutput)):  # pragma: no cover
                 raise TypeError(f"cannot schedule {type(node).__name__}")
@@ -340,8 +340,3 @@ def _reads_own_point(load: Load, member: Member) -> bool:
         and loop.kind == "welford"
         and sympy.expand(delta - member.buffer.layout.stride[-1]) == 0
     )
-
-
-def _mutates(node: ExternKernel) -> bool:
-    schema = node.op._schema
-    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
