@@ -52,10 +52,7 @@ def _compile(fn: Any, *args: Any, debug: bool = False, **render: Any) -> str:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         jit = getattr(module, rendered.function_name)
-        types = [
-            "i64" if b in rendered.value_arguments else _POINTER[dtypes.get(b, torch.int64)]
-            for b in rendered.buffer_arguments
-        ]
+        types = [_POINTER[dtypes.get(b, torch.int64)] for b in rendered.buffer_arguments]
         types += ["i64"] * (len(rendered.size_arguments) + len(rendered.bounds_arguments))
         names = jit.arg_names
         signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types)), strict=True))

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import triton
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
 from ember.runtime.loader import load_module, write_source
@@ -77,20 +78,31 @@ def storage_view(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class TritonLauncher:
-    """Launches one rendered kernel: `launcher(*tensors, *sizes)`."""
+    """Launches one rendered kernel: `launcher(*tensors, *sizes)`.
+
+    The first call for a set of sizes goes through Triton's jit (which compiles and
+    specialises) after choosing a config; it keeps the compiled kernel and its grid
+    so later calls with those sizes launch it directly: Triton's own launch path
+    rebinds and re-specialises every argument on every call, which costs more than
+    many small kernels take to run.
+    """
 
     def __init__(self, kernel: TritonKernel, module: ModuleType) -> None:
         self.kernel = kernel
         self.fn = getattr(module, kernel.function_name)
         self.digest = module.__name__
         self._buffers = len(kernel.buffer_arguments)
-        self._values = {
-            i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.value_arguments
-        }
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
         self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
+        self._direct: dict[tuple[Any, ...], _DirectLaunch | None] = {}
 
     def __call__(self, *args: Any) -> None:
+        direct = self._direct.get(args[self._buffers :])
+        if direct is not None and direct.launch(args[: self._buffers]):
+            return
+        self._call_through_jit(args)
+
+    def _call_through_jit(self, args: tuple[Any, ...]) -> None:
         kernel = self.kernel
         if len(args) != self._buffers + len(kernel.size_arguments):
             raise TypeError(
@@ -106,22 +118,23 @@ class TritonLauncher:
         if config is None:
             config = self._tune(tensors, sizes)
             _chosen[key] = config
-        self._launch(config, operands, sizes)
+        compiled = self._launch(config, operands, sizes)
+        size_key = args[self._buffers :]
+        if size_key not in self._direct:
+            self._direct[size_key] = _DirectLaunch.make(self, compiled, config, operands, sizes)
 
     def _operands(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> list[Any]:
-        operands: list[Any] = [
-            int(t.item()) if i in self._values else storage_view(t) for i, t in enumerate(tensors)
-        ]
+        operands: list[Any] = [storage_view(t) for t in tensors]
         operands += sizes
         operands += [
             tensors[i].untyped_storage().nbytes() // tensors[i].element_size() for i in self._bounds
         ]
         return operands
 
-    def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> None:
+    def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
         named = dict(zip(self.kernel.size_arguments, sizes, strict=True))
         grid = self.kernel.launch_grid(config, named)
-        self.fn[grid](
+        return self.fn[grid](
             *operands,
             **dict(config.blocks),
             num_warps=config.num_warps,
@@ -146,6 +159,98 @@ class TritonLauncher:
             if ms < best_ms:
                 best, best_ms = config, ms
         return best
+
+
+class _DirectLaunch:
+    """A compiled kernel bound to one set of sizes: its grid and block arguments are
+    fixed, so a launch is the tensors plus one call into Triton's C launcher.
+
+    It applies only where Triton's jit would pick the same binary: every pointer
+    16-byte aligned (as when it was compiled), no launch hooks (profilers), no debug
+    bounds arguments. Otherwise `launch` returns False and the jit path runs.
+    """
+
+    __slots__ = ("blocks", "device", "function", "grid", "metadata", "run", "sizes")
+
+    def __init__(
+        self,
+        compiled: Any,
+        grid: tuple[int, int, int],
+        sizes: list[int],
+        blocks: list[int],
+        device: int,
+    ) -> None:
+        self.run = compiled.run
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+        self.grid = grid
+        self.sizes = sizes
+        self.blocks = blocks
+        self.device = device
+
+    @staticmethod
+    def make(
+        launcher: TritonLauncher,
+        compiled: Any,
+        config: LaunchConfig,
+        operands: list[Any],
+        sizes: list[int],
+    ) -> _DirectLaunch | None:
+        kernel = launcher.kernel
+        if (
+            interpreting()
+            or kernel.bounds_arguments
+            or compiled is None
+            or not hasattr(compiled, "packed_metadata")
+            or _hooks() is None
+        ):
+            return None
+        tensors = operands[: launcher._buffers]
+        if any(t.data_ptr() % 16 for t in tensors) or tensors[0].device.type != "cuda":
+            return None
+        named = dict(zip(kernel.size_arguments, sizes, strict=True))
+        grid = kernel.launch_grid(config, named)
+        blocks = [value for _, value in config.blocks]
+        direct = _DirectLaunch(compiled, grid, sizes, blocks, tensors[0].device.index or 0)
+        try:  # a Triton whose launcher takes other arguments fails here, before launching
+            direct.run(
+                0, 1, 1, _stream(direct.device), direct.function, direct.metadata,
+                None, None, None, *operands, *blocks,
+            )  # fmt: skip
+        except TypeError:
+            return None
+        return direct
+
+    def launch(self, tensors: Sequence[torch.Tensor]) -> bool:
+        pointers = []
+        for t in tensors:
+            if t.storage_offset():
+                t = storage_view(t)
+            if t.data_ptr() % 16:
+                return False
+            pointers.append(t)
+        hooks = _hooks()
+        if hooks is None or hooks != (None, None):
+            return False
+        g0, g1, g2 = self.grid
+        self.run(
+            g0, g1, g2, _stream(self.device), self.function, self.metadata, None, None, None,
+            *pointers, *self.sizes, *self.blocks,
+        )  # fmt: skip
+        return True
+
+
+def _stream(device: int) -> int:
+    """The current CUDA stream's handle (the call Triton itself makes per launch)."""
+    return int(torch._C._cuda_getCurrentRawStream(device))
+
+
+def _hooks() -> tuple[Any, Any] | None:
+    """Triton's launch enter/exit hooks, or None where this Triton keeps them elsewhere."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None:
+        return None
+    return runtime.launch_enter_hook, runtime.launch_exit_hook
 
 
 def _aliased(tensors: Sequence[torch.Tensor]) -> bool:

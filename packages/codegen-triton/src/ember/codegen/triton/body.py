@@ -87,7 +87,6 @@ class BodyRenderer:
         self.printer = IndexPrinter(names)
         self.local: dict[tuple[str, int], Value] = {}
         self.helpers: set[str] = set()
-        self.seeds: list[str] = []  # buffers passed by value (random seeds)
         self.bounds_checked: list[str] = []  # buffers whose storage size is an argument
         self._count = 0
         self._axis_of = {v: a.name for a in plan.axes for v in a.variables}
@@ -257,8 +256,6 @@ class BodyRenderer:
         scope.emit(f'tl.device_assert({inside}, "{message}")')
 
     def _rand(self, node: Rand, scope: Scope) -> Value:
-        if node.seed not in self.seeds:
-            self.seeds.append(node.seed)
         helper = {"uniform": "ember_rand_uniform", "normal": "ember_rand_normal"}.get(
             node.distribution
         )
@@ -273,7 +270,9 @@ class BodyRenderer:
         counter = f"({index}).to(tl.int64) + {self.printer(node.offset)}"
         if not self.expr_axes(node.index):
             counter = f"tl.full([], {index}, tl.int64) + {self.printer(node.offset)}"
-        seed = sanitize(node.seed)
+        # The seed is a one-element int64 tensor drawn on the device each call: loading it
+        # here (instead of passing an int) spares the wrapper a device-to-host sync.
+        seed = f"tl.load({pointer_name(node.seed)})"
         text = f"{helper}({seed}, {counter})"
         return self._assign(scope, round_low_precision(text, node.dtype), node.dtype)
 

@@ -38,8 +38,7 @@ class TritonKernel:
 
     Launch: `fn[grid(config, sizes)](*buffers, *sizes, *bounds, **config blocks,
     num_warps=..., num_stages=...)` where `fn` is `function_name` in the module made
-    from `source`, buffers follow `buffer_arguments` (storage base pointers; those in
-    `value_arguments` are passed as Python ints: random seeds), sizes follow
+    from `source`, buffers follow `buffer_arguments` (storage base pointers), sizes follow
     `size_arguments`, and `bounds_arguments` (debug mode) are the storage sizes, in
     elements, of those buffers.
     """
@@ -50,7 +49,6 @@ class TritonKernel:
     kind: str
     buffer_arguments: tuple[str, ...]
     size_arguments: tuple[str, ...]
-    value_arguments: tuple[str, ...]
     bounds_arguments: tuple[str, ...]
     reads: tuple[str, ...]  # buffers the kernel reads
     written: tuple[str, ...]  # buffers the kernel writes (outputs and mutated targets)
@@ -85,7 +83,7 @@ def render_kernel(
     else:
         ReductionRenderer(kernel, plan, body).render(scope)
     function = sanitize(kernel.name)
-    params = parameters(kernel, plan, body.seeds, body.bounds_checked)
+    params = parameters(kernel, plan, body.bounds_checked)
     header = ["import triton", "import triton.language as tl"]
     if "libdevice" in body.helpers:
         header.append("from triton.language.extra import libdevice")
@@ -96,7 +94,7 @@ def render_kernel(
             *header,
             helpers,
             "",
-            decorator(kernel, body.seeds, body.bounds_checked, debug),
+            decorator(kernel, body.bounds_checked, debug),
             f"def {function}({', '.join(params)}):",
             doc,
             *scope.lines,
@@ -111,7 +109,6 @@ def render_kernel(
         kind=plan.kind,
         buffer_arguments=kernel.buffer_arguments(),
         size_arguments=tuple(s.name for s in kernel.size_arguments()),
-        value_arguments=tuple(body.seeds),
         bounds_arguments=tuple(body.bounds_checked),
         reads=kernel.inputs,
         written=tuple(dict.fromkeys(written)),

@@ -1,8 +1,8 @@
 """The parts every kernel shares: its signature and the setup of its block axes.
 
 Arguments, in order: one per buffer of `FusedKernel.buffer_arguments()` (a pointer to
-the start of the buffer's storage; a random seed is passed by value instead, as an
-int64), the size symbols of `size_arguments()` (ints, never specialised, so a new
+the start of the buffer's storage; a random seed is a one-element int64 buffer read
+in the kernel), the size symbols of `size_arguments()` (ints, never specialised, so a new
 batch size does not recompile), in debug mode the storage sizes of the buffers read
 or written indirectly (bounds checks), then the block sizes (constexpr).
 
@@ -22,20 +22,17 @@ from ember.codegen.triton.printer import IndexPrinter, sanitize
 from ember.scheduler import FusedKernel
 
 
-def parameters(
-    kernel: FusedKernel, plan: KernelPlan, seeds: list[str], bounds: list[str]
-) -> list[str]:
-    names = [sanitize(b) if b in seeds else pointer_name(b) for b in kernel.buffer_arguments()]
+def parameters(kernel: FusedKernel, plan: KernelPlan, bounds: list[str]) -> list[str]:
+    names = [pointer_name(b) for b in kernel.buffer_arguments()]
     names += [sanitize(s.name) for s in kernel.size_arguments()]
     names += [numel_name(b) for b in bounds]
     names += [f"{a.block}: tl.constexpr" for a in plan.axes]
     return names
 
 
-def decorator(kernel: FusedKernel, seeds: list[str], bounds: list[str], debug: bool) -> str:
+def decorator(kernel: FusedKernel, bounds: list[str], debug: bool) -> str:
     dynamic = [sanitize(s.name) for s in kernel.size_arguments()]
     dynamic += [numel_name(b) for b in bounds]
-    dynamic += [sanitize(s) for s in seeds]
     options = []
     if dynamic:
         options.append(f"do_not_specialize={dynamic!r}")
