@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +37,10 @@ from ember.scheduler import FusedKernel
 
 _modules: dict[str, ModuleType] = {}  # source hash -> loaded module
 _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
+# Seconds spent in first launches (choosing a config, Triton's compile, binding), for
+# compile-time profiles: Triton compiles lazily, so this part of a cold start is not
+# in any CompileRecord.
+first_launch_seconds = [0.0]
 
 
 def interpreting() -> bool:
@@ -103,6 +108,7 @@ class TritonLauncher:
         self._call_through_jit(args)
 
     def _call_through_jit(self, args: tuple[Any, ...]) -> None:
+        start = time.perf_counter()
         kernel = self.kernel
         if len(args) != self._buffers + len(kernel.size_arguments):
             raise TypeError(
@@ -122,6 +128,7 @@ class TritonLauncher:
         size_key = args[self._buffers :]
         if size_key not in self._direct:
             self._direct[size_key] = _DirectLaunch.make(self, compiled, config, operands, sizes)
+            first_launch_seconds[0] += time.perf_counter() - start
 
     def _operands(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> list[Any]:
         operands: list[Any] = [storage_view(t) for t in tensors]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU checks in one device call: the CUDA tests, then whichever measurements are named.
+#   bash benchmarks/gpu_checks.sh [tests] [demo] [kernels] [profile:MODELS] [bench:MODELS:SECONDS]
+# Logs go to $OUT (or ./gpu_out); a short summary of each part is printed last.
+set -u
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+export PYTHONPATH=$(printf '%s:' "$PWD"/packages/*/src)
+summary=()
+for part in "$@"; do
+  start=$(date +%s)
+  case "$part" in
+    tests) python3 -m pytest -m cuda -q packages tests >"$OUT/tests.log" 2>&1
+           summary+=("tests: $(tail -1 "$OUT/tests.log")") ;;
+    demo) python3 -m ember.runtime.cli demo --device cuda >"$OUT/demo.log" 2>&1
+          summary+=("demo: rc=$?") ;;
+    kernels) python3 benchmarks/triton_kernels.py >"$OUT/kernels.log" 2>&1
+             summary+=("kernels: rc=$?") ;;
+    profile:*) python3 benchmarks/compile_profile.py --device cuda --models "${part#profile:}" \
+                 >"$OUT/profile.log" 2>&1
+               summary+=("profile: rc=$?") ;;
+    bench:*) spec=${part#bench:}; models=${spec%%:*}; limit=${spec##*:}
+             python3 -m ember.runtime.cli bench --device cuda --models "$models" --no-warm \
+               --time-limit "$limit" --json "$OUT/bench-$models.json" >"$OUT/bench-$models.log" 2>&1
+             summary+=("bench $models: rc=$?") ;;
+    *) echo "unknown part $part"; exit 2 ;;
+  esac
+  summary[-1]+=" ($(( $(date +%s) - start )) s)"
+done
+for f in "$OUT"/demo.log "$OUT"/kernels.log "$OUT"/profile.log "$OUT"/bench-*.log; do
+  [ -f "$f" ] && { echo "== $f"; tail -30 "$f"; }
+done
+grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20
+printf '%s\n' "${summary[@]}"
