@@ -165,7 +165,7 @@ def run_with_triton(
     env.update({c.name: c.value for c in program.constants})
     bindings = {s: sympy.Integer(v) for s, v in bind_symbols(program, args).items()}
     if program.rng_seed is not None:
-        env[program.rng_seed] = torch.tensor(seed, dtype=torch.int64)
+        env[program.rng_seed] = torch.tensor(seed, dtype=torch.int64, device=device)
     rendered = [
         render_kernel(k, reduction=reduction if k.is_reduction else None, debug=True)
         for k in schedule.kernels

@@ -106,6 +106,13 @@ KNOBS: dict[str, Knob[Any]] = {
         "Generated kernels: 'auto' (C++ on CPU, Triton on CUDA), 'extern' (ATen kernels "
         "only) or 'reference' (torch-op interpreter, for debugging).",
     ),
+    "compile_threads": Knob(
+        "EMBER_COMPILE_THREADS",
+        lambda text: max(0, int(text)),
+        lambda: min(16, os.cpu_count() or 1),
+        "Threads compiling a graph's Triton kernels (all candidate configs) before its "
+        "first call; 0 compiles each lazily at its first launch.",
+    ),
     "logs": Knob(
         "EMBER_LOGS",
         lambda text: text.strip().lower(),
@@ -158,6 +165,10 @@ class EmberConfig:
     @property
     def kernels(self) -> str:
         return str(self.get("kernels"))
+
+    @property
+    def compile_threads(self) -> int:
+        return int(self.get("compile_threads"))
 
     @property
     def logs(self) -> str:

@@ -24,6 +24,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +33,7 @@ import torch
 import triton
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
+from ember.runtime.config import config
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
 
@@ -52,14 +54,62 @@ def compile_triton_kernels(
 ) -> dict[str, Callable[..., None]]:
     """A launcher per kernel name. Rendering errors (`UnsupportedKernelError`)
     propagate, so the caller can fall back for the graph."""
-    launchers: dict[str, Callable[..., None]] = {}
+    launchers: dict[str, TritonLauncher] = {}
+    devices: dict[str, torch.device] = {}
     for kernel in kernels:
         rendered = (
             kernel if isinstance(kernel, TritonKernel) else render_kernel(kernel, debug=debug)
         )
         module = load_kernel_module(rendered.source, Path(cache_dir))
         launchers[rendered.name] = TritonLauncher(rendered, module)
-    return launchers
+        if isinstance(kernel, FusedKernel):
+            devices[rendered.name] = kernel.device
+    threads = config.compile_threads
+    if threads > 0 and not interpreting() and torch.cuda.is_available():
+        precompile([(launchers[n], d) for n, d in devices.items()], threads)
+    return dict(launchers)
+
+
+def precompile(work: Sequence[tuple[TritonLauncher, torch.device]], threads: int) -> None:
+    """Compile every candidate config of every distinct kernel source, in `threads`
+    threads, so the first call finds the binaries in Triton's in-memory cache.
+
+    Triton compiles lazily at a kernel's first launch, one config after another while
+    the first call tunes; a graph of forty kernels with a few configs each took most
+    of its cold start there (0.6 s per kernel on an H100, serially). The compile is
+    mostly spent outside the interpreter lock (LLVM, ptxas), so threads overlap it.
+    Sizes are specialised by type only (do_not_specialize), so a sample value of each
+    size symbol (64: an i32) matches what real calls use; a call whose sizes need
+    64-bit ints compiles its own variant lazily. A failure here is ignored: the lazy
+    path reports it (or skips a config that does not fit) as before.
+    """
+    jobs: dict[tuple[str, LaunchConfig], Callable[[], None]] = {}
+    for launcher, device in work:
+        if device.type != "cuda":
+            continue
+        for launch_config in launcher.kernel.configs:
+            key = (launcher.digest, launch_config)
+            if key not in jobs:
+                jobs[key] = functools.partial(_warm, launcher, launch_config, device)
+    if not jobs:
+        return
+    with ThreadPoolExecutor(max_workers=min(threads, len(jobs))) as pool:
+        for future in [pool.submit(job) for job in jobs.values()]:
+            future.exception()  # wait; errors resurface at the lazy launch
+
+
+def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
+    kernel = launcher.kernel
+    with torch.cuda.device(device):
+        args: list[Any] = [torch.empty(16, dtype=d, device=device) for d in kernel.buffer_dtypes]
+        args += [64] * (len(kernel.size_arguments) + len(kernel.bounds_arguments))
+        launcher.fn.warmup(
+            *args,
+            grid=(1,),
+            **dict(launch_config.blocks),
+            num_warps=launch_config.num_warps,
+            num_stages=launch_config.num_stages,
+        )
 
 
 def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
@@ -158,13 +208,13 @@ class TritonLauncher:
                 tensors[i] = storage_view(tensors[i]).clone()
         operands = self._operands(tensors, sizes)
         best, best_ms = configs[0], float("inf")
-        for config in configs:
+        for candidate in configs:
             try:
-                ms = _time(functools.partial(self._launch, config, operands, sizes))
+                ms = _time(functools.partial(self._launch, candidate, operands, sizes))
             except Exception:  # a config that does not compile (resources) is skipped
                 continue
             if ms < best_ms:
-                best, best_ms = config, ms
+                best, best_ms = candidate, ms
         return best
 
 
@@ -213,7 +263,7 @@ class _DirectLaunch:
         ):
             return None
         tensors = operands[: launcher._buffers]
-        if any(t.data_ptr() % 16 for t in tensors) or tensors[0].device.type != "cuda":
+        if not tensors or any(t.data_ptr() % 16 or t.device.type != "cuda" for t in tensors):
             return None
         named = dict(zip(kernel.size_arguments, sizes, strict=True))
         grid = kernel.launch_grid(config, named)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
-from ember.ir import Layout, Load, Node
+from ember.ir import Layout, Load, Node, Rand, walk
 
 POINTWISE = "pointwise"
 REDUCTION = "reduction"
@@ -91,6 +91,23 @@ class FusedKernel:
             if m.mutates is not None and m.mutates not in names:
                 names.append(m.mutates)
         return tuple(names)
+
+    def buffer_dtypes(self) -> tuple[torch.dtype, ...]:
+        """The element type of each of `buffer_arguments()`: a member's own dtype for
+        what it writes, the loads' dtype for what is read, int64 for a random seed."""
+        dtypes: dict[str, torch.dtype] = {}
+        for m in self.members:
+            dtypes.setdefault(m.name, m.dtype)
+            if m.mutates is not None:
+                dtypes[m.mutates] = m.dtype
+        for m in self.members:
+            for root in (m.body, *m.indirect):
+                for node in walk(root):
+                    if isinstance(node, Load):
+                        dtypes.setdefault(node.buffer, node.dtype)
+                    elif isinstance(node, Rand):
+                        dtypes.setdefault(node.seed, torch.int64)
+        return tuple(dtypes[name] for name in self.buffer_arguments())
 
     def size_arguments(self) -> tuple[sympy.Symbol, ...]:
         """The size symbols the kernel's ranges and index expressions use, by name."""

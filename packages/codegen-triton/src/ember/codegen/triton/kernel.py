@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import torch
+
 from ember.codegen.triton.body import BodyRenderer, Scope
 from ember.codegen.triton.helpers import helper_source
 from ember.codegen.triton.plan import (
@@ -48,6 +50,7 @@ class TritonKernel:
     source: str
     kind: str
     buffer_arguments: tuple[str, ...]
+    buffer_dtypes: tuple[torch.dtype, ...]  # element type of each buffer argument
     size_arguments: tuple[str, ...]
     bounds_arguments: tuple[str, ...]
     reads: tuple[str, ...]  # buffers the kernel reads
@@ -108,6 +111,7 @@ def render_kernel(
         source=source,
         kind=plan.kind,
         buffer_arguments=kernel.buffer_arguments(),
+        buffer_dtypes=kernel.buffer_dtypes(),
         size_arguments=tuple(s.name for s in kernel.size_arguments()),
         bounds_arguments=tuple(body.bounds_checked),
         reads=kernel.inputs,
