@@ -18,7 +18,9 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 
 from ember.graphpasses import ember_decompositions
+from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
+from ember.runtime.config import config
 
 
 def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
@@ -31,6 +33,10 @@ def _compile_kind(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, ki
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
+    if config.kernels == "auto" and any(
+        isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs
+    ):
+        compile_pool.start()  # the workers import torch while AOTAutograd traces
     backend = aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),

@@ -106,12 +106,12 @@ KNOBS: dict[str, Knob[Any]] = {
         "Generated kernels: 'auto' (C++ on CPU, Triton on CUDA), 'extern' (ATen kernels "
         "only) or 'reference' (torch-op interpreter, for debugging).",
     ),
-    "compile_threads": Knob(
-        "EMBER_COMPILE_THREADS",
+    "compile_workers": Knob(
+        "EMBER_COMPILE_WORKERS",
         lambda text: max(0, int(text)),
-        lambda: min(16, os.cpu_count() or 1),
-        "Threads compiling a graph's Triton kernels (all candidate configs) before its "
-        "first call; 0 compiles each lazily at its first launch.",
+        lambda: max(1, min(12, (os.cpu_count() or 2) - 2)),
+        "Worker processes compiling Triton kernels (every candidate config) before a "
+        "graph's first call; 0 compiles them in this process.",
     ),
     "logs": Knob(
         "EMBER_LOGS",
@@ -167,8 +167,8 @@ class EmberConfig:
         return str(self.get("kernels"))
 
     @property
-    def compile_threads(self) -> int:
-        return int(self.get("compile_threads"))
+    def compile_workers(self) -> int:
+        return int(self.get("compile_workers"))
 
     @property
     def logs(self) -> str:

@@ -33,7 +33,8 @@ import torch
 import triton
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
-from ember.runtime.config import config
+from ember.runtime import compile_pool
+from ember.runtime.compile_pool import CompileJob
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
 
@@ -64,38 +65,50 @@ def compile_triton_kernels(
         launchers[rendered.name] = TritonLauncher(rendered, module)
         if isinstance(kernel, FusedKernel):
             devices[rendered.name] = kernel.device
-    threads = config.compile_threads
-    if threads > 0 and not interpreting() and torch.cuda.is_available():
-        precompile([(launchers[n], d) for n, d in devices.items()], threads)
+    if not interpreting() and torch.cuda.is_available():
+        precompile([(launchers[n], d) for n, d in devices.items()])
     return dict(launchers)
 
 
-def precompile(work: Sequence[tuple[TritonLauncher, torch.device]], threads: int) -> None:
-    """Compile every candidate config of every distinct kernel source, in `threads`
-    threads, so the first call finds the binaries in Triton's in-memory cache.
+def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
+    """Compile every candidate config of every distinct kernel source before the
+    first call, so the first call finds the binaries in Triton's in-memory cache.
 
     Triton compiles lazily at a kernel's first launch, one config after another while
-    the first call tunes; a graph of forty kernels with a few configs each took most
-    of its cold start there (0.6 s per kernel on an H100, serially). The compile is
-    mostly spent outside the interpreter lock (LLVM, ptxas), so threads overlap it.
-    Sizes are specialised by type only (do_not_specialize), so a sample value of each
-    size symbol (64: an i32) matches what real calls use; a call whose sizes need
-    64-bit ints compiles its own variant lazily. A failure here is ignored: the lazy
-    path reports it (or skips a config that does not fit) as before.
+    the first call tunes: a graph of forty kernels with four configs each spent 30 s
+    there on an H100 (GPT-2). Worker processes (ember.runtime.compile_pool) compile
+    into Triton's disk cache in parallel; then threads here warm each kernel up,
+    which loads those binaries (or compiles, without workers). Sizes are specialised
+    by type only (do_not_specialize), so a sample value of each size symbol (64, an
+    i32) matches real calls; a call needing 64-bit sizes compiles its own variant
+    lazily. Failures are ignored here: the lazy path reports them (or skips a config
+    that does not fit) as before.
     """
-    jobs: dict[tuple[str, LaunchConfig], Callable[[], None]] = {}
+    jobs: dict[tuple[str, LaunchConfig], tuple[TritonLauncher, LaunchConfig, torch.device]] = {}
     for launcher, device in work:
-        if device.type != "cuda":
-            continue
-        for launch_config in launcher.kernel.configs:
-            key = (launcher.digest, launch_config)
-            if key not in jobs:
-                jobs[key] = functools.partial(_warm, launcher, launch_config, device)
+        if device.type == "cuda":
+            for candidate in launcher.kernel.configs:
+                jobs.setdefault((launcher.digest, candidate), (launcher, candidate, device))
     if not jobs:
         return
-    with ThreadPoolExecutor(max_workers=min(threads, len(jobs))) as pool:
-        for future in [pool.submit(job) for job in jobs.values()]:
-            future.exception()  # wait; errors resurface at the lazy launch
+    remote = [
+        CompileJob(
+            path=launcher.path,
+            function=launcher.kernel.function_name,
+            dtypes=tuple(str(d).removeprefix("torch.") for d in launcher.kernel.buffer_dtypes),
+            ints=len(launcher.kernel.size_arguments) + len(launcher.kernel.bounds_arguments),
+            blocks=candidate.blocks,
+            num_warps=candidate.num_warps,
+            num_stages=candidate.num_stages,
+            device=device.index or 0,
+        )
+        for launcher, candidate, device in jobs.values()
+    ]
+    if len(remote) > 1:
+        compile_pool.compile_all(remote)  # a job that fails here fails again, and says why, below
+    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+        for future in [pool.submit(_warm, *job) for job in jobs.values()]:
+            future.exception()
 
 
 def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
@@ -146,6 +159,7 @@ class TritonLauncher:
         self.kernel = kernel
         self.fn = getattr(module, kernel.function_name)
         self.digest = module.__name__
+        self.path = str(module.__file__)
         self._buffers = len(kernel.buffer_arguments)
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
         self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
