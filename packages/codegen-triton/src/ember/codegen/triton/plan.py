@@ -10,10 +10,13 @@ Kinds of kernel:
   innermost, so both sides are coalesced (Triton converts the layout in between).
 - `persistent_reduction`: block [XBLOCK, RBLOCK] with RBLOCK covering the whole
   (static) row, so multi-stage kernels (softmax: max, sum, divide) read each input
-  once and keep the row in registers.
+  once and keep the row in registers. When the loads are contiguous across outputs (a
+  short column, e.g. the final step of a split column sum) the configs tile 32 to 128
+  outputs per block, so each row of the block is whole cache lines.
 - `looped_reduction`: block [XBLOCK, RBLOCK] with a loop over the row per stage.
   XBLOCK > 1 with a short RBLOCK when loads are contiguous along the outer variables
-  (a column sum), XBLOCK = 1 with a long RBLOCK when along the row.
+  (a column sum, or the partial step of a split one: [outputs x rows] tiles, the
+  first COLUMN_XBLOCK outputs wide), XBLOCK = 1 with a long RBLOCK when along the row.
 - `scatter`: a pointwise kernel whose store index depends on data.
 
 Every grid is one-dimensional (CUDA limits the y and z axes to 65535 blocks): the
