@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ember.codegen.cpp import CPP_CHOICES
 from ember.graphpasses import ember_decompositions
 from ember.ir import LoweringOptions, evaluate, lower_graph
 from ember.runtime.cpp_kernels import compile_cpp_kernels
@@ -79,7 +80,8 @@ def main() -> None:
         start = time.perf_counter()
         gm = make_fx(traced_fn, decomposition_table=ember_decompositions())(*args)
         program = lower_graph(gm, options=LoweringOptions(loops=True))
-        schedule = schedule_program(program)
+        schedule = schedule_program(program, CPP_CHOICES)  # as the runtime does
+        program = schedule.program  # with the partial buffers of split reductions
         frontend = time.perf_counter() - start
         kernels = schedule.kernels
         with tempfile.TemporaryDirectory() as cache:

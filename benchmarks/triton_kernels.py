@@ -40,7 +40,7 @@ import sympy  # noqa: E402
 import torch  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
-from ember.codegen.triton import render_kernel  # noqa: E402
+from ember.codegen.triton import TRITON_CHOICES, render_kernel  # noqa: E402
 from ember.graphpasses import ember_decompositions  # noqa: E402
 from ember.ir import LoweringOptions, lower_graph  # noqa: E402
 from ember.ir.interpreter import bind_symbols  # noqa: E402
@@ -119,7 +119,7 @@ class EmberRunner:
     def __init__(self, fn: Callable[..., Any], args: list[torch.Tensor], cache: Path) -> None:
         gm = make_fx(fn, decomposition_table=ember_decompositions())(*args)
         self.program = lower_graph(gm, options=LoweringOptions(loops=True))
-        self.schedule = schedule_program(self.program)
+        self.schedule = schedule_program(self.program, TRITON_CHOICES)  # as the runtime does
         self.kernels = self.schedule.kernels
         self.kinds = [render_kernel(k).kind for k in self.kernels]
         self.launchers = compile_triton_kernels(self.kernels, cache_dir=cache)

@@ -27,7 +27,15 @@ from ember.ir import (
     evaluate,
     lower_graph,
 )
-from ember.scheduler import ExternCall, FusedKernel, KernelStep, Schedule, schedule_program
+from ember.scheduler import (
+    DEFAULT_CHOICES,
+    DeviceChoices,
+    ExternCall,
+    FusedKernel,
+    KernelStep,
+    Schedule,
+    schedule_program,
+)
 
 
 @dataclasses.dataclass
@@ -43,12 +51,17 @@ class Case:
 
 
 def trace(
-    name: str, fn: Callable[..., Any], args: Sequence[Any], *, symbolic: bool = False
+    name: str,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    symbolic: bool = False,
+    choices: DeviceChoices = DEFAULT_CHOICES,
 ) -> Case:
     mode = "symbolic" if symbolic else "real"
     gm = make_fx(fn, decomposition_table=ember_decompositions(), tracing_mode=mode)(*args)
     program = lower_graph(gm, options=LoweringOptions(loops=True))
-    schedule = schedule_program(program)
+    schedule = schedule_program(program, choices)
     renamed = [dataclasses.replace(k, name=f"{name}_{k.name}") for k in schedule.kernels]
     return Case(name, fn, tuple(args), program, schedule, renamed)
 
@@ -77,7 +90,7 @@ def run_compiled(
     case: Case, compiled: dict[str, Callable[..., None]], args: Sequence[Any], seed: int = 0
 ) -> list[Any]:
     """Execute the case's schedule with compiled kernels (no extern calls expected)."""
-    program = case.program
+    program = case.schedule.program  # with the partial buffers of split reductions
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     env: dict[str, Any] = {n.name: a for n, a in zip(program.inputs, args, strict=True)}
     env.update({c.name: c.value for c in program.constants})

@@ -30,7 +30,15 @@ from ember.ir import LoweringOptions, Program, lower_graph, run_program
 from ember.ir.interpreter import bind_symbols
 from ember.ir.nodes import BufferRef
 from ember.ir.symbolic import evaluate
-from ember.scheduler import ExternCall, KernelStep, Schedule, SelectOutput, schedule_program
+from ember.scheduler import (
+    DEFAULT_CHOICES,
+    DeviceChoices,
+    ExternCall,
+    KernelStep,
+    Schedule,
+    SelectOutput,
+    schedule_program,
+)
 
 Case = tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str, Any]]
 
@@ -124,6 +132,16 @@ CASES: dict[str, Case] = {
         _args((33,)),
         {"atol": 1e-5},
     ),
+    # split reductions (small thresholds force them): a column sum with its prologue
+    # and epilogue, a row max and a full sum, each a partial and a final kernel
+    "split": (
+        lambda x: ((x * 2).sum(0).relu(), x.amax(-1), x.sum()),
+        _args((64, 48)),
+        {
+            "choices": DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8),
+            "atol": 1e-5,
+        },
+    ),
     # the IR interpreter cannot bind bare size symbols yet (ember.ir.symbolic.evaluate
     # returns a Python int from xreplace): dynamic cases compare with eager only
     "dynamic": (
@@ -137,14 +155,19 @@ CASES: dict[str, Case] = {
 # -- running a schedule with Triton kernels --------------------------------------------
 
 
-def _lower(fn: Callable[..., Any], args: list[Any], dynamic: bool) -> tuple[Program, Schedule]:
+def _lower(
+    fn: Callable[..., Any],
+    args: list[Any],
+    dynamic: bool,
+    choices: DeviceChoices = DEFAULT_CHOICES,
+) -> tuple[Program, Schedule]:
     gm = make_fx(
         fn,
         decomposition_table=ember_decompositions(),
         tracing_mode="symbolic" if dynamic else "real",
     )(*args)
     program = lower_graph(gm, options=LoweringOptions(loops=True))
-    return program, schedule_program(program)
+    return program, schedule_program(program, choices)
 
 
 def run_with_triton(
@@ -220,7 +243,12 @@ def run_case(name: str, device: str) -> dict[str, Any]:
     fn, make_args, options = CASES[name]
     args = make_args(device)
     atol, rtol = options.get("atol", 1e-6), options.get("rtol", 1e-5)
-    program, schedule = _lower(fn, [a.cpu() for a in args], options.get("dynamic", False))
+    program, schedule = _lower(
+        fn,
+        [a.cpu() for a in args],
+        options.get("dynamic", False),
+        options.get("choices", DEFAULT_CHOICES),
+    )
     seed = options.get("seed", 0)
     runs = [args] + ([options["resize"](device)] if "resize" in options else [])
     with tempfile.TemporaryDirectory() as cache:
@@ -240,7 +268,8 @@ def run_case(name: str, device: str) -> dict[str, Any]:
                 expected = fn(*[a.clone() for a in run_args])
                 expected = list(expected) if isinstance(expected, tuple) else [expected]
                 _compare(actual, expected, max(atol, 1e-5), max(rtol, 1e-4))
-    return {"case": name, "ok": True, "kinds": kinds}
+    partials = sum(1 for n in schedule.program.nodes if n.name.endswith("_partial"))
+    return {"case": name, "ok": True, "kinds": kinds, "partials": partials}
 
 
 # -- CPU: the interpreter, in a subprocess ----------------------------------------------
@@ -287,6 +316,10 @@ def test_kernel_kinds_are_covered(interpreter_results: dict[str, dict[str, Any]]
     kinds = {k for r in interpreter_results.values() for k in r.get("kinds", [])}
     expected = {"pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction", "scatter"}
     assert expected <= kinds
+
+
+def test_split_case_splits(interpreter_results: dict[str, dict[str, Any]]) -> None:
+    assert interpreter_results["split"]["partials"] == 2  # the column sum and the full sum
 
 
 # -- launcher behaviour (no kernel runs) -------------------------------------------------

@@ -35,7 +35,7 @@ from ember.ir.expr import map_dag, replace_index
 from ember.ir.loops import Pointwise, Reduction, Scatter
 from ember.ir.symbolic import index_var, product
 from ember.scheduler.choices import DeviceChoices
-from ember.scheduler.indexing import store_index
+from ember.scheduler.indexing import affine_coefficient, store_index
 from ember.scheduler.iteration import merge_loop
 from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER
 
@@ -116,6 +116,71 @@ def _space_map(
             linear = linear + name * product(target[k + 1 :])
         return {index_var("i", 0): sympy.expand(linear)}, covers_inner
     return None
+
+
+def _prologue_map(group: Group, loop: Reduction) -> dict[sympy.Symbol, sympy.Expr] | None:
+    """How the variables of a pointwise group become those of `loop`'s outer x inner
+    space when the group turns into that reduction's prologue (None: they cannot).
+
+    Following the reduction's own read of a member when it reads one at a different
+    point of each (outer, inner) pair, covering the member once: a column sum reads a
+    row-major producer across its outputs, which no row-major split of the producer's
+    loop matches. Otherwise row-major over the kernel's space (`_space_map`)."""
+    read = _read_map(group, loop)
+    if read is not None:
+        return read
+    placed = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
+    if placed is None or not placed[1]:
+        return None
+    return placed[0]
+
+
+def _read_map(group: Group, loop: Reduction) -> dict[sympy.Symbol, sympy.Expr] | None:
+    """{i0: E} when the group runs one merged loop, some member stores point i0 at
+    storage element i0, and `loop` reads that member at E, with E a one-to-one map of
+    its outer x inner points onto the member's elements."""
+    if len(group.ranges) != 1:
+        return None
+    var = index_var("i", 0)
+    stored_at_point = {m.buffer.name for m in group.members if sympy.expand(m.index - var) == 0}
+    space = [(index_var("i", k), r) for k, r in enumerate(loop.ranges)]
+    space += [(index_var("r", k), r) for k, r in enumerate(loop.reduction_ranges)]
+    for node in walk(loop.body):
+        if (
+            isinstance(node, Load)
+            and node.buffer in stored_at_point
+            and node.mask is None
+            and not node.indirect
+            and _one_to_one(node.index, space, group.ranges[0])
+        ):
+            return {var: node.index}
+    return None
+
+
+def _one_to_one(
+    expr: sympy.Expr, space: list[tuple[sympy.Symbol, sympy.Expr]], extent: sympy.Expr
+) -> bool:
+    """`expr` maps the points of `space` one to one onto 0 .. extent-1: it is affine
+    with no constant term and its coefficients, smallest first, are the mixed-radix
+    place values of the ranges (1, r_a, r_a*r_b, ...)."""
+    if expr.xreplace({v: sympy.Integer(0) for v, _ in space}) != 0:
+        return False
+    terms: list[tuple[sympy.Expr, sympy.Expr]] = []
+    for var, extent_of_var in space:
+        if extent_of_var == 1:
+            continue
+        coefficient = affine_coefficient(expr, var)
+        if coefficient is None:
+            return False
+        terms.append((coefficient, extent_of_var))
+    place: sympy.Expr = sympy.Integer(1)
+    while terms:
+        hit = next((t for t in terms if sympy.expand(t[0] - place) == 0), None)
+        if hit is None:
+            return False
+        terms.remove(hit)
+        place = sympy.expand(place * hit[1])
+    return bool(sympy.expand(place - extent) == 0)
 
 
 def _var_map(
@@ -206,9 +271,8 @@ class Fuser:
         """Turn a pointwise group into the prologue of `reduction`'s kernel."""
         loop = reduction.loop
         assert isinstance(loop, Reduction)
-        placed = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
-        assert placed is not None
-        mapping = placed[0]
+        mapping = _prologue_map(group, loop)
+        assert mapping is not None
         group.ranges, group.reduction_ranges = loop.ranges, loop.reduction_ranges
         for m in group.members:
             m.body = replace_index(m.body, mapping)
@@ -223,22 +287,20 @@ class Fuser:
         kind = _kind(buffer)
         ranges, reduction_ranges = group.ranges, group.reduction_ranges
         loop = buffer.loop
+        widened: dict[sympy.Symbol, sympy.Expr] | None = None
         if kind == REDUCTION and not reduction_ranges:
             assert isinstance(loop, Reduction)
-            prologue = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
-            if prologue is None or not prologue[1]:
+            widened = _prologue_map(group, loop)
+            if widened is None:
                 return None
             ranges, reduction_ranges = loop.ranges, loop.reduction_ranges
-            widened = True
-        else:
-            widened = False
         placed = _var_map(buffer, ranges, reduction_ranges)
         if placed is None:
             return None
         mapping, over_reduction = placed
         if not self._dependencies_allow(group, buffer):
             return None
-        members = self._members_as_placed(group, ranges, reduction_ranges, widened)
+        members = self._members_as_placed(group, widened)
         body = replace_index(loop.body, mapping) if mapping else loop.body
         inlined = self._inline(body, members, over_reduction or kind == REDUCTION)
         if inlined is None:
@@ -250,15 +312,10 @@ class Fuser:
     def _members_as_placed(
         self,
         group: Group,
-        ranges: tuple[sympy.Expr, ...],
-        reduction_ranges: tuple[sympy.Expr, ...],
-        widened: bool,
+        mapping: dict[sympy.Symbol, sympy.Expr] | None,
     ) -> dict[str, Member]:
-        if not widened:
+        if mapping is None:
             return {m.buffer.name: m for m in group.members}
-        placed = _space_map(group.ranges, ranges, reduction_ranges)
-        assert placed is not None
-        mapping = placed[0]
         return {
             m.buffer.name: Member(
                 m.buffer,

@@ -78,10 +78,13 @@ def _merge_mapping(prefix: str, d: int, count: int) -> dict[sympy.Symbol, sympy.
     return mapping
 
 
-def merge_loop(buffer: ComputedBuffer, index: sympy.Expr) -> tuple[ComputedBuffer, sympy.Expr]:
+def merge_loop(
+    buffer: ComputedBuffer, index: sympy.Expr, prefixes: tuple[str, ...] = ("i", "r")
+) -> tuple[ComputedBuffer, sympy.Expr]:
     """The same computed buffer over the fewest loop dimensions its indices allow, and
     its store index in the merged variables. Done before fusion, so that a layer norm
-    over [B, S] x [D] meets its epilogue read back as [B*S, D] (a view for a matmul)."""
+    over [B, S] x [D] meets its epilogue read back as [B*S, D] (a view for a matmul).
+    `prefixes` picks the dimensions to merge: outer ('i'), reduction ('r') or both."""
     loop = buffer.loop
     if isinstance(loop, Scatter) or buffer.mutates is not None:
         return buffer, index
@@ -89,7 +92,7 @@ def merge_loop(buffer: ComputedBuffer, index: sympy.Expr) -> tuple[ComputedBuffe
     inner = list(loop.reduction_ranges) if isinstance(loop, Reduction) else []
     body = loop.body
     for prefix, dims in (("i", ranges), ("r", inner)):
-        d = len(dims) - 2
+        d = len(dims) - 2 if prefix in prefixes else -1
         while d >= 0:
             a, b = index_var(prefix, d), index_var(prefix, d + 1)
             if _mergeable_exprs([*body_exprs([body]), index], a, b, dims[d + 1]):

@@ -8,14 +8,19 @@ from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
 from ember.scheduler.fusion import Fuser
 from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import ExternCall, KernelStep, Schedule, SelectOutput, Step
+from ember.scheduler.split import split_reductions
 
 
 def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES) -> Schedule:
-    """Fuse the program's loop nodes into kernels, order the steps, plan memory.
+    """Split the reductions `choices` asks for, fuse the program's loop nodes into
+    kernels, order the steps, plan memory.
 
     Steps run in program order, each kernel at the place of its first member (fusion
-    only ever moves a node up to a group whose inputs are all ready by then).
+    only ever moves a node up to a group whose inputs are all ready by then). The
+    schedule's `program` is the one its kernels compute: `program` itself, or a copy
+    with split reductions (ember.scheduler.split) and their partial buffers.
     """
+    program = split_reductions(program, choices)
     groups = Fuser(program, choices).run()
     kernels = build_kernels(program, groups)
     steps: list[Step] = []

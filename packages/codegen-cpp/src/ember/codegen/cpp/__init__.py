@@ -12,9 +12,12 @@ and scatter loop nests), reduction_loops.py (reduction passes), reductions.py
 of C++ per op), indexing.py (sympy index -> C++), dtypes.py, prelude.py, errors.py.
 """
 
+import torch
+
 from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.ops_table import OP_FORMATS, UNSUPPORTED_OPS
 from ember.codegen.cpp.prelude import PRELUDE
+from ember.codegen.cpp.reduction_loops import LANES, SPLIT_MIN
 from ember.codegen.cpp.render import (
     CppSource,
     KernelArgument,
@@ -46,4 +49,13 @@ __all__ = [
 # Scheduling choices for CPU kernels: recomputing an inlined producer costs a full
 # extra pass per reduction stage here (and transcendental ops are scalar libm calls),
 # so only cheap producers are inlined; longer chains are stored once instead.
-CPP_CHOICES = DeviceChoices(max_inline_ops=8)
+# A reduction is split (ember.scheduler.split) when it has fewer work items than
+# threads (one per output, or per LANES outputs in a column reduction), into chunks
+# of at least SPLIT_MIN elements: the same rule as the kernels' per-thread partials.
+CPP_CHOICES = DeviceChoices(
+    max_inline_ops=8,
+    split_workers=torch.get_num_threads(),
+    split_column_width=LANES,
+    split_min_chunk=SPLIT_MIN,
+    split_max_chunks=256,
+)

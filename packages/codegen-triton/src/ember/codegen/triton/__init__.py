@@ -10,12 +10,14 @@ launches. Modules in processing order: plan (tiling, configs, grid), skeleton
 
 from ember.codegen.triton.kernel import TritonKernel, render_kernel
 from ember.codegen.triton.optable import TRITON_OPS, UNSUPPORTED
-from ember.codegen.triton.plan import GridSpec, KernelPlan, LaunchConfig, plan_kernel
+from ember.codegen.triton.plan import COLUMN_XBLOCK, GridSpec, KernelPlan, LaunchConfig, plan_kernel
 from ember.codegen.triton.printer import UnsupportedKernelError
 from ember.codegen.triton.target import TritonTarget, triton_target
 from ember.scheduler import DeviceChoices
 
 __all__ = [
+    "COLUMN_XBLOCK",
+    "GPU_SMS",
     "TRITON_CHOICES",
     "TRITON_OPS",
     "UNSUPPORTED",
@@ -33,4 +35,16 @@ __all__ = [
 
 # Scheduling choices for GPU kernels: persistent reductions keep a row in registers,
 # so recomputing an inlined producer per stage is cheap next to another memory pass.
-TRITON_CHOICES = DeviceChoices(max_inline_ops=24)
+# Reductions are split (ember.scheduler.split) until an H100/H200-class GPU (132 SMs)
+# gets about 16 programs per SM, a few thousand in all, counting one program per
+# COLUMN_XBLOCK outputs for a column reduction (plan.py's first column tile) and per
+# output for a row one; each chunk reduces at least 256 elements. A column sum of
+# [32768, 4096] becomes 32 chunks of 1024 rows: 2048 programs instead of 64.
+GPU_SMS = 132
+TRITON_CHOICES = DeviceChoices(
+    max_inline_ops=24,
+    split_workers=GPU_SMS * 16,
+    split_column_width=COLUMN_XBLOCK,
+    split_min_chunk=256,
+    split_max_chunks=1024,
+)

@@ -10,10 +10,13 @@ Kinds of kernel:
   innermost, so both sides are coalesced (Triton converts the layout in between).
 - `persistent_reduction`: block [XBLOCK, RBLOCK] with RBLOCK covering the whole
   (static) row, so multi-stage kernels (softmax: max, sum, divide) read each input
-  once and keep the row in registers.
+  once and keep the row in registers. When the loads are contiguous across outputs (a
+  short column, e.g. the final step of a split column sum) the configs tile 32 to 128
+  outputs per block, so each row of the block is whole cache lines.
 - `looped_reduction`: block [XBLOCK, RBLOCK] with a loop over the row per stage.
   XBLOCK > 1 with a short RBLOCK when loads are contiguous along the outer variables
-  (a column sum), XBLOCK = 1 with a long RBLOCK when along the row.
+  (a column sum, or the partial step of a split one: [outputs x rows] tiles, the
+  first COLUMN_XBLOCK outputs wide), XBLOCK = 1 with a long RBLOCK when along the row.
 - `scatter`: a pointwise kernel whose store index depends on data.
 
 Every grid is one-dimensional (CUDA limits the y and z axes to 65535 blocks): the
@@ -44,6 +47,11 @@ SCATTER = "scatter"
 PERSISTENT_MAX_RBLOCK = 8192
 # Below this extent a dimension is too short for a 2-D tile to pay.
 MIN_TILE_EXTENT = 16
+# Outputs per program of the first column-reduction config (what the scheduler's
+# split-reduction choice counts as one program: TRITON_CHOICES).
+COLUMN_XBLOCK = 64
+# Pointwise kernels over at least this many elements also try more elements per thread.
+LARGE_POINTWISE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -287,7 +295,11 @@ def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConf
             found.append(config)
 
     if plan.kind in (POINTWISE, SCATTER):
-        for block, warps in ((1024, 4), (512, 4), (2048, 8), (256, 2)):
+        shapes = [(1024, 4), (512, 4), (2048, 8), (256, 2)]
+        if plan.kind == POINTWISE and xnumel >= LARGE_POINTWISE:
+            # 16 elements per thread: two 16-byte loads in flight per input in bf16
+            shapes += [(2048, 4), (4096, 8)]
+        for block, warps in shapes:
             size = max(min(block, xcap), 16)
             add(max(1, min(warps, size // 128)), XBLOCK=size)
     elif plan.kind == POINTWISE_2D:
@@ -296,6 +308,20 @@ def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConf
         ycap = max(1 << max(hint(y.numel) - 1, 0).bit_length(), 1)
         for yb, xb, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 4), (64, 128, 8)):
             add(warps, YBLOCK=min(yb, ycap), XBLOCK=min(xb, xcap))
+    elif plan.kind == PERSISTENT and _outer_contiguous(kernel):
+        # [outputs x rows] tiles again (a short column, e.g. the final step of a split
+        # column sum): wide enough along the outputs for whole 128-byte lines per row
+        rblock = plan.rblock
+        assert rblock is not None
+        for xb in (COLUMN_XBLOCK, 32, 2 * COLUMN_XBLOCK):
+            xb = max(1, min(xb, xcap))
+            elements = xb * rblock
+            if elements > 16384:
+                continue
+            warps = 16 if elements >= 8192 else 8 if elements >= 2048 else 4
+            add(warps, XBLOCK=xb, RBLOCK=rblock)
+        if not found:
+            add(16, XBLOCK=max(1, min(16384 // rblock, xcap)), RBLOCK=rblock)
     elif plan.kind == PERSISTENT:
         rblock = plan.rblock
         assert rblock is not None
@@ -311,9 +337,14 @@ def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConf
             if warps == 8 and elements >= 4096:
                 add(16, XBLOCK=xb, RBLOCK=rblock)
     elif _outer_contiguous(kernel):
-        # narrow column blocks keep enough programs busy when there are few columns
-        for xb, rb, warps in ((64, 32, 4), (32, 64, 4), (16, 128, 4), (8, 256, 8)):
+        # [outputs x rows] tiles, loads contiguous along the outputs; narrow column
+        # blocks keep enough programs busy when there are few columns (the scheduler
+        # splits long columns so that COLUMN_XBLOCK-wide tiles fill the GPU)
+        for xb, rb, warps in ((COLUMN_XBLOCK, 32, 4), (32, 64, 4), (16, 128, 4), (8, 256, 8)):
             add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
+        if xnumel >= 64 * COLUMN_XBLOCK:
+            # many programs already: a wider tile, 256 bytes of bf16 per row
+            add(8, 1, XBLOCK=min(2 * COLUMN_XBLOCK, xcap), RBLOCK=32)
     else:
         for xb, rb, warps in ((1, 2048, 8), (1, 1024, 4), (1, 4096, 8), (4, 256, 4)):
             add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
