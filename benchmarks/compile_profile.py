@@ -61,6 +61,8 @@ def main() -> None:
             inductor = first_call_seconds(model, inputs, args.mode, "inductor")
         compiler.compile_records.clear()
         triton_kernels.first_launch_seconds[0] = 0.0
+        for phase in triton_kernels.precompile_seconds:
+            triton_kernels.precompile_seconds[phase] = 0.0
         ember = first_call_seconds(model, inputs, args.mode, "ember")
         stages: dict[str, float] = {}
         for record in compiler.compile_records:
@@ -68,6 +70,8 @@ def main() -> None:
                 stages[stage] = stages.get(stage, 0.0) + seconds
         kernels = sum(r.fused_kernels for r in compiler.compile_records)
         launch = triton_kernels.first_launch_seconds[0]
+        for phase, seconds in triton_kernels.precompile_seconds.items():
+            stages[f"[{phase}]"] = seconds
         rows.append((name, floor, inductor, ember, stages, launch, kernels))
         print(f"{name}: done", file=sys.stderr, flush=True)
     print(

@@ -44,6 +44,7 @@ _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes
 # compile-time profiles: Triton compiles lazily, so this part of a cold start is not
 # in any CompileRecord.
 first_launch_seconds = [0.0]
+precompile_seconds = {"workers": 0.0, "warm-up": 0.0}  # the two phases of `precompile`
 
 
 def interpreting() -> bool:
@@ -104,11 +105,15 @@ def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
         )
         for launcher, candidate, device in jobs.values()
     ]
+    start = time.perf_counter()
     if len(remote) > 1:
         compile_pool.compile_all(remote)  # a job that fails here fails again, and says why, below
+    middle = time.perf_counter()
     with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
         for future in [pool.submit(_warm, *job) for job in jobs.values()]:
             future.exception()
+    precompile_seconds["workers"] += middle - start
+    precompile_seconds["warm-up"] += time.perf_counter() - middle
 
 
 def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
