@@ -19,6 +19,7 @@ are still tracing. `EMBER_COMPILE_WORKERS=0` turns it off.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import os
@@ -26,7 +27,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -57,6 +58,13 @@ class _Worker:
             text=True,
             env=os.environ.copy(),
         )
+        self.ready = threading.Event()  # set once the worker has imported torch
+        threading.Thread(target=self._wait_ready, daemon=True).start()
+
+    def _wait_ready(self) -> None:
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() == "ready":
+            self.ready.set()
 
     def run(self, job: CompileJob) -> str:
         """'ok', or what went wrong."""
@@ -70,12 +78,16 @@ class _Worker:
             return f"worker unreachable: {exc}"
 
     def close(self) -> None:
+        """End the worker: end of input stops an idle one; one still starting (or
+        busy) is terminated rather than waited for, so exiting stays quick."""
         if self.process.stdin is not None:
-            self.process.stdin.close()
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
         try:
-            self.process.wait(timeout=5)
+            self.process.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self.process.terminate()
+            self.process.wait()
 
 
 _workers: list[_Worker] = []
@@ -89,29 +101,48 @@ def start() -> int:
     return len(_workers)
 
 
-def compile_all(jobs: Sequence[CompileJob]) -> list[str]:
-    """Run `jobs` on the workers; an outcome per job ('ok' or an error message)."""
-    if not jobs or start() == 0:
-        return []
+def compile_all(
+    jobs: Sequence[CompileJob], local: Callable[[int], None], threads: int
+) -> list[int]:
+    """Run `jobs`: workers that are ready take them from a shared queue, and so do
+    `threads` threads here that call `local(i)` (compiling in this process). Returns
+    the indices of the jobs a worker compiled without error (their binaries are in
+    Triton's disk cache; the caller still loads them).
+
+    Workers still importing torch take no part: waiting for them would cost a small
+    graph more than compiling it here (twelve workers starting at once took ~10 s on
+    the GPU machine), and they are ready for the next graph (the backward, say).
+    """
+    start()
     pending: queue.Queue[int] = queue.Queue()
     for i in range(len(jobs)):
         pending.put(i)
-    outcomes = [""] * len(jobs)
+    remote: list[int] = []
+
+    def next_job() -> int | None:
+        try:
+            return pending.get_nowait()
+        except queue.Empty:
+            return None
 
     def feed(worker: _Worker) -> None:
-        while True:
-            try:
-                i = pending.get_nowait()
-            except queue.Empty:
-                return
-            outcomes[i] = worker.run(jobs[i])
+        while (i := next_job()) is not None:
+            if worker.run(jobs[i]) == "ok":
+                remote.append(i)
+            else:
+                local(i)  # compiled here instead, where its error (if any) is reported
 
-    threads = [threading.Thread(target=feed, args=(w,)) for w in _workers]
-    for t in threads:
+    def work_here() -> None:
+        while (i := next_job()) is not None:
+            local(i)
+
+    pool = [threading.Thread(target=feed, args=(w,)) for w in _workers if w.ready.is_set()]
+    pool += [threading.Thread(target=work_here) for _ in range(max(1, threads))]
+    for t in pool:
         t.start()
-    for t in threads:
+    for t in pool:
         t.join()
-    return outcomes
+    return sorted(remote)
 
 
 def _close_all() -> None:
@@ -148,7 +179,10 @@ def compile_job(job: dict[str, Any]) -> None:
 
 def _serve(requests: IO[str], replies: IO[str]) -> None:
     import torch  # noqa: F401  (imported up front, while the parent is still tracing)
+    import triton  # noqa: F401
 
+    replies.write("ready\n")
+    replies.flush()
     for line in requests:
         try:
             compile_job(json.loads(line))

@@ -109,7 +109,7 @@ KNOBS: dict[str, Knob[Any]] = {
     "compile_workers": Knob(
         "EMBER_COMPILE_WORKERS",
         lambda text: max(0, int(text)),
-        lambda: max(1, min(12, (os.cpu_count() or 2) - 2)),
+        lambda: max(0, min(8, (os.cpu_count() or 2) // 2)),
         "Worker processes compiling Triton kernels (every candidate config) before a "
         "graph's first call; 0 compiles them in this process.",
     ),

@@ -19,6 +19,7 @@ libdevice calls served by torch (the interpreter has no libdevice) and no tuning
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -44,7 +45,7 @@ _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes
 # compile-time profiles: Triton compiles lazily, so this part of a cold start is not
 # in any CompileRecord.
 first_launch_seconds = [0.0]
-precompile_seconds = {"workers": 0.0, "warm-up": 0.0}  # the two phases of `precompile`
+precompile_seconds = {"compile": 0.0, "load": 0.0}  # the two phases of `precompile`
 
 
 def interpreting() -> bool:
@@ -92,7 +93,8 @@ def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
                 jobs.setdefault((launcher.digest, candidate), (launcher, candidate, device))
     if not jobs:
         return
-    remote = [
+    entries = list(jobs.values())
+    described = [
         CompileJob(
             path=launcher.path,
             function=launcher.kernel.function_name,
@@ -103,20 +105,27 @@ def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
             num_stages=candidate.num_stages,
             device=device.index or 0,
         )
-        for launcher, candidate, device in jobs.values()
+        for launcher, candidate, device in entries
     ]
     start = time.perf_counter()
-    if len(remote) > 1:
-        compile_pool.compile_all(remote)  # a job that fails here fails again, and says why, below
+    remote = compile_pool.compile_all(described, lambda i: _warm(*entries[i]), threads=4)
     middle = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
-        for future in [pool.submit(_warm, *job) for job in jobs.values()]:
-            future.exception()
-    precompile_seconds["workers"] += middle - start
-    precompile_seconds["warm-up"] += time.perf_counter() - middle
+    if remote:  # load what the workers compiled (from Triton's disk cache)
+        with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
+            for future in [pool.submit(_warm, *entries[i]) for i in remote]:
+                future.exception()
+    precompile_seconds["compile"] += middle - start
+    precompile_seconds["load"] += time.perf_counter() - middle
 
 
 def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
+    """Compile (or load from Triton's cache) one config; errors are left to the lazy
+    path, which reports them or skips a config that does not fit."""
+    with contextlib.suppress(Exception):
+        _warm_up(launcher, launch_config, device)
+
+
+def _warm_up(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
     kernel = launcher.kernel
     with torch.cuda.device(device):
         args: list[Any] = [torch.empty(16, dtype=d, device=device) for d in kernel.buffer_dtypes]
