@@ -23,6 +23,7 @@ from ember.ir import (
     LoweringError,
     LoweringOptions,
     Pointwise,
+    Program,
     Reduction,
     Scatter,
     format_program,
@@ -298,3 +299,27 @@ def test_extern_arguments_are_views_not_copies_and_outputs_never_alias_them() ->
     mm, wt = run_program(program, [x, w])
     torch.testing.assert_close(mm, x @ w.t())
     assert wt.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
+
+
+def test_residual_stream_is_stored_not_reread() -> None:
+    """h = h + f(h) per layer, each sum read by a norm and by the next sum: once a
+    shared value reads more than `realize_reads` buffers it is stored, so no loop
+    re-reads every earlier addend (GPT-2's norms read up to five buffers before)."""
+
+    def residual_stream(x: torch.Tensor, *ws: torch.Tensor) -> list[torch.Tensor]:
+        h, normed = x, []
+        for w in ws:
+            h = h + torch.tanh(h * w)  # the addend reads h, so the chain is shared
+            normed.append(h.sum(-1))
+        return [h, *normed]
+
+    args = [torch.randn(4, 16), *(torch.randn(16) for _ in range(8))]
+    program = check(residual_stream, *args)
+    assert _widest_read(program) <= 4, _widest_read(program)
+    relaxed = lower(residual_stream, *args, realize_reads=100, realize_cost=100)
+    assert _widest_read(relaxed) > 4
+
+
+def _widest_read(program: Program) -> int:
+    """The most distinct buffers one computed buffer reads."""
+    return max(len(set(node.reads())) for node in computed(program))

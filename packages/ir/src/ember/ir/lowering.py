@@ -70,8 +70,11 @@ class LoweringOptions:
     `allow_fallback=False` turns fallbacks into errors. `loops=True` lowers the ops in
     `LOWERINGS` to loop nodes (the default keeps every op an `ExternKernel`, for layers
     that cannot run loop nodes yet). A value read by several users is stored once its
-    body costs more than `realize_cost`; any body costing more than `max_inline_cost`
-    is stored, which bounds recomputation and body size.
+    body costs more than `realize_cost` or reads more than `realize_reads` buffers;
+    any body costing more than `max_inline_cost` is stored, which bounds recomputation
+    and body size. The reads bound matters for chains such as a transformer's
+    residual stream (h = h + block(h) per layer, each sum read by the next norm and
+    the next sum): kept lazy, every norm re-read all the earlier addends from memory.
     """
 
     allow_fallback: bool = True
@@ -80,6 +83,7 @@ class LoweringOptions:
     # body would use one stays an ATen call, so the rest of the graph still fuses.
     unsupported_ops: frozenset[str] = frozenset()
     realize_cost: int = 8
+    realize_reads: int = 3
     max_inline_cost: int = 200
 
 
@@ -523,8 +527,11 @@ class GraphLowering:
         if not isinstance(result, LazyTensor) or result.realized is not None:
             return result
         cost = result.cost()
-        if cost > self.options.max_inline_cost or (
-            len(node.users) > 1 and cost > self.options.realize_cost
+        shared = len(node.users) > 1
+        if (
+            cost > self.options.max_inline_cost
+            or (shared and cost > self.options.realize_cost)
+            or (shared and result.buffers_read() > self.options.realize_reads)
         ):
             self.realize(result)
         return result

@@ -54,6 +54,10 @@ class LazyTensor:
         """How much work recomputing one element costs (ops, random draws, loads)."""
         return sum(0 if isinstance(n, (Const, IndexExpr, Cast)) else 1 for n in walk(self.body()))
 
+    def buffers_read(self) -> int:
+        """How many distinct buffers computing one element loads from."""
+        return len({n.buffer for n in walk(self.body()) if isinstance(n, Load)})
+
 
 def buffer_loader(name: str, layout: Layout) -> Loader:
     """The loader reading a stored buffer through its layout."""
