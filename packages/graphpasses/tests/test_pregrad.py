@@ -225,6 +225,16 @@ NEGATIVE: dict[str, Callable[..., Any]] = {
 }
 
 
+def _mutated_q(q: Tensor, k: Tensor, v: Tensor, m: Tensor) -> Tensor:
+    q = q + 0
+    scores = q @ _kt(k)
+    q.add_(1)  # SDPA would read q later than the scores' matmul did
+    return scores.softmax(-1) @ v + q
+
+
+NEGATIVE["q_mutated_in_between"] = _mutated_q
+
+
 @pytest.mark.parametrize("case", NEGATIVE)
 def test_not_rewritten(case: str) -> None:
     square = (2, 3, 6, 6)

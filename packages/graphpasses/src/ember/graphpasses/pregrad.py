@@ -28,7 +28,9 @@ What is matched, in Dynamo's spellings (methods, `torch.*`, `operator.*`):
 
 A match also needs q, k, v of one floating dtype, all 3-D or all 4-D, with equal batch
 dims and consistent sizes (no broadcasting in either matmul), and no other user of any
-intermediate (scores, scaled scores, masked scores, probabilities). Shapes and dtypes
+intermediate (scores, scaled scores, masked scores, probabilities), and nothing that may
+mutate a tensor between the first matched op and `@ v` (Dynamo graphs are not
+functionalised; SDPA reads q, k and the mask where `@ v` was). Shapes and dtypes
 come from Dynamo's `meta['example_value']`; a graph without them is left alone.
 """
 
@@ -312,6 +314,8 @@ def _match(output: torch.fx.Node) -> _Attention | None:
 
     if not all(_single_user(node) for node in chain):
         return None
+    if _mutation_between([output, *chain, *maybe_dead], output):
+        return None
     found = _Attention(
         q=q,
         k=k,
@@ -323,6 +327,63 @@ def _match(output: torch.fx.Node) -> _Attention | None:
         maybe_dead=maybe_dead,
     )
     return found if _values_fit(found, logits) else None
+
+
+_INPLACE_FUNCTIONS: frozenset[object] = frozenset(
+    {
+        operator.setitem,
+        operator.iadd,
+        operator.isub,
+        operator.imul,
+        operator.itruediv,
+        operator.ifloordiv,
+        operator.imod,
+        operator.ipow,
+        operator.imatmul,
+        operator.iand,
+        operator.ior,
+        operator.ixor,
+        operator.ilshift,
+        operator.irshift,
+    }
+)
+
+
+def _may_mutate(node: torch.fx.Node) -> bool:
+    """A conservative guess: Dynamo graphs are not functionalised."""
+    if "out" in node.kwargs:
+        return True
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.startswith("__")
+    if node.op != "call_function":
+        return node.op == "call_module"
+    if node.target in _INPLACE_FUNCTIONS:
+        return True
+    name = getattr(node.target, "__name__", "")
+    if name.endswith("_") and not name.startswith("__"):
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and bool(getattr(schema, "is_mutable", False))
+
+
+def _mutation_between(matched: list[torch.fx.Node], output: torch.fx.Node) -> bool:
+    """Anything from the first matched node up to `output` may mutate a tensor.
+
+    SDPA reads q, k and the mask where `@ v` was, later than the scores' matmul did.
+    """
+    pending = set(matched)
+    node: torch.fx.Node = output
+    while pending:
+        pending.discard(node)
+        if not pending:
+            break
+        node = node.prev
+        if node.op in ("root", "placeholder"):
+            return True  # not all matched nodes found before the output: be safe
+        if node not in pending and _may_mutate(node):
+            return True
+    return False
 
 
 def _values_fit(found: _Attention, logits: torch.fx.Node) -> bool:
