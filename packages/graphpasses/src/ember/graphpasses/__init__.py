@@ -35,6 +35,7 @@ from ember.graphpasses.passes import (
 from ember.graphpasses.pattern import Pattern
 from ember.graphpasses.patterns import DEFAULT_PATTERNS
 from ember.graphpasses.pipelines import default_pipeline
+from ember.graphpasses.pregrad import rewrite_attention_pregrad
 from ember.graphpasses.remaining_ops import REMAINING_OPS
 from ember.graphpasses.rewrite import rewrite_patterns
 from ember.graphpasses.view_normalisation import compose_permutes, normalise_views
@@ -73,5 +74,6 @@ __all__ = [
     "normalise_views",
     "remove_noops",
     "remove_runtime_assertions",
+    "rewrite_attention_pregrad",
     "rewrite_patterns",
 ]

@@ -1,10 +1,11 @@
 """The `torch.compile` backend: `torch.compile(model, backend="ember")`.
 
-Dynamo hands ember a Torch-level FX graph; AOTAutograd traces it to ATen with ember's
-decomposition table, splits forward and backward for training, and ember compiles
-each of the resulting graphs with `compile_graph`. The backend is registered through
-the `torch_dynamo_backends` entry point of ember-runtime, and also on import of
-`ember.runtime` so that it works with the packages only on PYTHONPATH.
+Dynamo hands ember a Torch-level FX graph; hand-written attention in it becomes
+`scaled_dot_product_attention` (`rewrite_attention_pregrad`), then AOTAutograd traces
+it to ATen with ember's decomposition table, splits forward and backward for training,
+and ember compiles each of the resulting graphs with `compile_graph`. The backend is
+registered through the `torch_dynamo_backends` entry point of ember-runtime, and also
+on import of `ember.runtime` so that it works with the packages only on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 
-from ember.graphpasses import ember_decompositions
+from ember.graphpasses import ember_decompositions, rewrite_attention_pregrad
 from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
 from ember.runtime.config import config
@@ -37,6 +38,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
         isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs
     ):
         compile_pool.start()  # the workers import torch while AOTAutograd traces
+    # Hand-written attention -> SDPA on Dynamo's graph, so that AOTAutograd traces
+    # SDPA's own backward too (after the split, the saved softmax blocks the ATen pattern).
+    gm = rewrite_attention_pregrad(gm).graph_module
     backend = aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
