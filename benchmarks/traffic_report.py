@@ -1,0 +1,93 @@
+"""Memory traffic of ember's GPU schedule for a suite model, without a GPU.
+
+    uv run python benchmarks/traffic_report.py --models gpt2 [--mode inference] [--top 10]
+
+Traces the model at its GPU benchmark size in bfloat16 on the CPU through Dynamo and
+AOTAutograd (fake tensors: nothing runs), lowers and schedules each graph with the
+Triton codegen's choices, and prints the bytes every fused kernel reads and writes,
+the total, and the time those bytes take at the H200's measured copy bandwidth
+(4.2 TB/s): the floor of the fused kernels' share of a step. Matmul and attention
+calls are not counted. Use it to find the kernels worth a look before spending GPU
+time on a profile (benchmarks/profile_kernels.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+import ember.runtime  # noqa: F401
+from ember.codegen.triton import TRITON_CHOICES, UNSUPPORTED
+from ember.graphpasses import default_pipeline, ember_decompositions, rewrite_attention_pregrad
+from ember.ir import LoweringOptions, lower_graph
+from ember.runtime.bench.measure import step_fn
+from ember.runtime.bench.registry import MODELS
+from ember.scheduler import kernel_bytes, schedule_program
+
+COPY_BYTES_PER_S = 4.2e12
+
+
+class _Captured(Exception):
+    pass
+
+
+def report(gm: torch.fx.GraphModule, name: str, top: int) -> None:
+    gm, _ = default_pipeline().run(gm)
+    options = LoweringOptions(loops=True, unsupported_ops=frozenset(UNSUPPORTED))
+    program = lower_graph(gm, name=name, options=options)
+    schedule = schedule_program(program, TRITON_CHOICES)
+    sizes = sorted(((kernel_bytes(k, program), k.name) for k in schedule.kernels), reverse=True)
+    total = sum(b for b, _ in sizes)
+    print(
+        f"{name}: {len(sizes)} fused kernels, {total / 1e6:.1f} MB, "
+        f"floor {total / COPY_BYTES_PER_S * 1e3:.3f} ms at 4.2 TB/s"
+    )
+    for size, kernel in sizes[:top]:
+        print(f"  {size / 1e6:9.1f} MB  {kernel}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="gpt2")
+    parser.add_argument("--mode", default="inference")
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args()
+    for model_name in args.models.split(","):
+        torch._dynamo.reset()
+        model, inputs = MODELS[model_name].build("gpu")
+        model = model.to(torch.bfloat16)
+        inputs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
+
+        def compiler(kind: str, label: str = model_name) -> Any:
+            def capture(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+                report(gm, f"{label} {kind}", args.top)
+                if kind != "forward":  # the forward's backward is traced after it returns
+                    raise _Captured
+                return gm.forward
+
+            return capture
+
+        def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            rewrite_attention_pregrad(gm)
+            inner = aot_autograd(
+                fw_compiler=compiler("forward"),
+                bw_compiler=compiler("backward"),
+                inference_compiler=compiler("inference"),
+                decompositions=ember_decompositions(),
+                keep_inference_input_mutations=True,
+            )
+            return inner(gm, example_inputs)
+
+        step = step_fn(torch.compile(model, backend=backend), list(inputs), args.mode)
+        try:
+            step()
+        except Exception as exc:  # Dynamo wraps the capture signal
+            if "_Captured" not in repr(exc) and not isinstance(exc, _Captured):
+                raise
+
+
+if __name__ == "__main__":
+    main()
