@@ -23,6 +23,7 @@ from ember.graphpasses.graph_checks import check_aten_level
 from ember.graphpasses.manager import PassManager, PassRecord, PassReport
 from ember.graphpasses.matcher import Match, match_pattern
 from ember.graphpasses.noop_removal import remove_noops
+from ember.graphpasses.pad_matmul import pad_matmul
 from ember.graphpasses.passes import (
     PRESERVES_CORE_ATEN,
     PRESERVES_NO_MUTATION,
@@ -72,6 +73,7 @@ __all__ = [
     "match_pattern",
     "named_pass",
     "normalise_views",
+    "pad_matmul",
     "remove_noops",
     "remove_runtime_assertions",
     "rewrite_attention_pregrad",

@@ -27,6 +27,7 @@ from ember.graphpasses.cse import eliminate_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
 from ember.graphpasses.manager import PassManager
 from ember.graphpasses.noop_removal import remove_noops
+from ember.graphpasses.pad_matmul import pad_matmul
 from ember.graphpasses.patterns import DEFAULT_PATTERNS
 from ember.graphpasses.rewrite import rewrite_patterns
 from ember.graphpasses.view_normalisation import compose_permutes, normalise_views
@@ -44,6 +45,7 @@ def default_pipeline(
         passes.append(rewrite_patterns(DEFAULT_PATTERNS))
     passes += [
         compose_permutes,
+        pad_matmul(),
         eliminate_common_subexpressions,
         fold_constants(max_constant_elements),
         eliminate_dead_code,
