@@ -25,12 +25,14 @@ Loads may carry masks and indirect indices (see ember.ir.expr.Load).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import sympy
 import torch
 
 from ember.ir import Layout, Load, Node, Rand, walk
+from ember.ir.expr import map_dag
 
 POINTWISE = "pointwise"
 REDUCTION = "reduction"
@@ -120,6 +122,40 @@ class FusedKernel:
             s for e in exprs for s in sympy.sympify(e).free_symbols if not _is_kernel_variable(s)
         }
         return tuple(sorted(symbols, key=lambda s: s.name))
+
+    def renamed(self, names: Mapping[str, str]) -> FusedKernel:
+        """This kernel with buffers and members renamed by `names` (others unchanged),
+        in every load, seed, member and argument list. The same layer repeated twelve
+        times yields kernels that differ only in buffer names; renamed to names by
+        position they become identical, so a codegen can compile one of them."""
+
+        def rename(node: Node) -> Node:
+            if isinstance(node, Load) and node.buffer in names:
+                return replace(node, buffer=names[node.buffer])
+            if isinstance(node, Rand) and node.seed in names:
+                return replace(node, seed=names[node.seed])
+            return node
+
+        def new(name: str | None) -> str | None:
+            return None if name is None else names.get(name, name)
+
+        members = tuple(
+            replace(
+                m,
+                name=names.get(m.name, m.name),
+                body=map_dag(m.body, rename),
+                indirect=tuple(map_dag(i, rename) for i in m.indirect),
+                mutates=new(m.mutates),
+                origin="",
+            )
+            for m in self.members
+        )
+        return replace(
+            self,
+            members=members,
+            inputs=tuple(names.get(b, b) for b in self.inputs),
+            outputs=tuple(names.get(b, b) for b in self.outputs),
+        )
 
     def member(self, name: str) -> KernelMember:
         for m in self.members:

@@ -11,6 +11,7 @@ config among `configs` and launches with `grid`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -74,7 +75,13 @@ def render_kernel(
     kernel: FusedKernel, *, debug: bool = False, reduction: str | None = None
 ) -> TritonKernel:
     """Render `kernel`. `debug` adds bounds checks on indirect accesses;
-    `reduction` forces 'persistent' or 'looped' for reduction kernels."""
+    `reduction` forces 'persistent' or 'looped' for reduction kernels.
+
+    The source names buffers by position (`a0_ptr`, ...) and the function by what it
+    fuses without the kernel's number (`red_var_mean_add`), so the kernels of a layer
+    repeated twelve times render to one source, which the runtime compiles once."""
+    original = kernel
+    kernel = _positional(kernel)
     plan = plan_kernel(kernel, reduction=reduction)
     body = BodyRenderer(kernel, plan, debug=debug)
     scope = Scope()
@@ -85,7 +92,7 @@ def render_kernel(
         render_scatter(kernel, body, scope)
     else:
         ReductionRenderer(kernel, plan, body).render(scope)
-    function = sanitize(kernel.name)
+    function = re.sub(r"^k\d+_", "", sanitize(kernel.name)) or "kernel"
     params = parameters(kernel, plan, body.bounds_checked)
     header = ["import triton", "import triton.language as tl"]
     if "libdevice" in body.helpers:
@@ -104,22 +111,34 @@ def render_kernel(
             "",
         ]
     )
+    # The launch contract speaks the scheduler's buffer names; only the source is positional.
+    kernel, positional = original, kernel
+    by_position = dict(zip(positional.buffer_arguments(), kernel.buffer_arguments(), strict=True))
     written = [m.mutates or m.name for m in kernel.members if m.stored or m.mutates]
     return TritonKernel(
-        name=kernel.name,
+        name=original.name,
         function_name=function,
         source=source,
         kind=plan.kind,
         buffer_arguments=kernel.buffer_arguments(),
         buffer_dtypes=kernel.buffer_dtypes(),
         size_arguments=tuple(s.name for s in kernel.size_arguments()),
-        bounds_arguments=tuple(body.bounds_checked),
+        bounds_arguments=tuple(by_position[b] for b in body.bounds_checked),
         reads=kernel.inputs,
         written=tuple(dict.fromkeys(written)),
         grid=plan.grid,
         configs=candidate_configs(kernel, plan),
         index_type=plan.index_type,
     )
+
+
+def _positional(kernel: FusedKernel) -> FusedKernel:
+    """`kernel` with its buffers named by argument position and its kernel-local
+    members by member position."""
+    names = {b: f"a{i}" for i, b in enumerate(kernel.buffer_arguments())}
+    for j, m in enumerate(kernel.members):
+        names.setdefault(m.name, f"local{j}")
+    return kernel.renamed(names)
 
 
 def _summary(kernel: FusedKernel, kind: str) -> str:
