@@ -83,7 +83,7 @@ class LoweringOptions:
     # body would use one stays an ATen call, so the rest of the graph still fuses.
     unsupported_ops: frozenset[str] = frozenset()
     realize_cost: int = 8
-    realize_reads: int = 3
+    realize_reads: int = 1
     max_inline_cost: int = 200
 
 
