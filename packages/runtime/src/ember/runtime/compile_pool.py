@@ -13,7 +13,10 @@ JSON line per job over their stdin/stdout, not multiprocessing children: a spawn
 child re-imports the user's main script, which would re-run an unguarded training
 script. The pool starts when ember first compiles a graph with CUDA inputs (the
 backend calls `start()`), so the workers import torch while Dynamo and AOTAutograd
-are still tracing. `EMBER_COMPILE_WORKERS=0` turns it off.
+are still tracing. It is off by default (`EMBER_COMPILE_WORKERS=0`): a worker takes
+seconds to import torch, so it rarely helps the first graph, and each holds a CUDA
+context of its own. Measured on an H200 with GPT-2 inference (before repeated layers
+shared one source): 22.0 s cold with threads only, 19.6 s with twelve workers.
 """
 
 from __future__ import annotations

@@ -109,9 +109,10 @@ KNOBS: dict[str, Knob[Any]] = {
     "compile_workers": Knob(
         "EMBER_COMPILE_WORKERS",
         lambda text: max(0, int(text)),
-        lambda: max(0, min(8, (os.cpu_count() or 2) // 2)),
-        "Worker processes compiling Triton kernels (every candidate config) before a "
-        "graph's first call; 0 compiles them in this process.",
+        lambda: 0,
+        "Worker processes that compile Triton kernels alongside this process (each "
+        "imports torch and holds a CUDA context); 0, the default, compiles in threads "
+        "here.",
     ),
     "logs": Knob(
         "EMBER_LOGS",

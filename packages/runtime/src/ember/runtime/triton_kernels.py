@@ -108,7 +108,7 @@ def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
         for launcher, candidate, device in entries
     ]
     start = time.perf_counter()
-    remote = compile_pool.compile_all(described, lambda i: _warm(*entries[i]), threads=4)
+    remote = compile_pool.compile_all(described, lambda i: _warm(*entries[i]), threads=8)
     middle = time.perf_counter()
     if remote:  # load what the workers compiled (from Triton's disk cache)
         with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
