@@ -10,11 +10,14 @@ Two loop shapes, chosen by which index is contiguous in the loads:
 
 - *row* (the innermost reduction variable is contiguous, e.g. a sum over the last
   axis): outer points in parallel; each pass keeps `ember::kLanes` accumulators, one
-  per vector lane, over chunks of the innermost reduction variable, then combines
-  the lanes in order.
+  per vector lane, over whole chunks of the innermost reduction variable (a constant
+  trip count, so the accumulators stay in vector registers) and one partial chunk,
+  then combines the lanes in order.
 - *column* (the innermost outer variable is contiguous, e.g. a sum over axis 0):
-  blocks of `kLanes` consecutive outer points in parallel; each lane accumulates one
-  outer point while the reduction variables advance, so every load is contiguous.
+  blocks of `kColumnLanes` (64) consecutive outer points in parallel; each lane
+  accumulates one outer point while the reduction variables advance, so every load is
+  contiguous and each row contributes whole cache lines (16 lanes read one line per
+  row, 8 KiB apart for a 2048-wide row: the prefetchers lose track).
 
 When there are fewer outer work items than threads and the reduction is long, each
 pass splits the outermost reduction variable over the threads, each thread with its
@@ -37,6 +40,7 @@ from ember.scheduler import POINTWISE, REDUCTION, FusedKernel, KernelMember
 from ember.scheduler.indexing import affine_coefficient
 
 LANES = 16  # ember::kLanes
+COLUMN_LANES = 64  # ember::kColumnLanes: a column block spans whole cache lines of a row
 SPLIT_MIN = 4096  # ember::kSplitMin
 MAX_THREADS = 256  # ember::kMaxThreads
 SPLIT = (
@@ -92,6 +96,7 @@ class ReductionEmitter:
         self.e = e
         self.kernel = e.ctx.kernel
         self.column = column_layout(self.kernel)
+        self.width = "ember::kColumnLanes" if self.column else "ember::kLanes"
         self.n = len(self.kernel.ranges)
         self.m = len(self.kernel.reduction_ranges)
 
@@ -103,7 +108,7 @@ class ReductionEmitter:
         if self.column:
             variables[-1] = "ib"
             e.line(
-                f"const int64_t ember_blocks = ({bounds[-1]} + ember::kLanes - 1) / ember::kLanes;"
+                f"const int64_t ember_blocks = ({bounds[-1]} + {self.width} - 1) / {self.width};"
             )
             bounds[-1] = "ember_blocks"
             outer = " * ".join(bounds)
@@ -119,7 +124,7 @@ class ReductionEmitter:
         with e.block(f"auto ember_point = [&]({params}bool split)", close="};"):
             if self.column:
                 last = size(e, ranges[-1])
-                e.line(f"const int64_t ln = std::min<int64_t>(ember::kLanes, {last} - ib);")
+                e.line(f"const int64_t ln = std::min<int64_t>({self.width}, {last} - ib);")
             for members in phases(kernel):
                 self._phase(members)
             self._outer_members()
@@ -127,7 +132,7 @@ class ReductionEmitter:
             e.line("ember_point(ember_split);")
             return
         loop_vars = [*variables[:-1], "ibk" if self.column else variables[-1]]
-        args = [*variables[:-1], "ibk * ember::kLanes" if self.column else variables[-1]]
+        args = [*variables[:-1], f"ibk * {self.width}" if self.column else variables[-1]]
         call = "ember_point(" + "".join(f"{a}, " for a in args)
         with e.block("if (ember_split)"), nested_loops(e, loop_vars, bounds):
             e.line(call + "true);")
@@ -142,7 +147,7 @@ class ReductionEmitter:
         inner = static_int(sympy.expand(product(kernel.reduction_ranges)))
         outer = static_int(sympy.expand(product(kernel.ranges))) if kernel.ranges else 1
         if self.column and outer is not None:
-            outer = -(-outer // LANES)
+            outer = -(-outer // COLUMN_LANES)
         return (inner is None or inner >= SPLIT_MIN) and (outer is None or outer < MAX_THREADS)
 
     # -- one pass ---------------------------------------------------------------------
@@ -172,7 +177,7 @@ class ReductionEmitter:
         e = self.e
         rules = self._rules(members)
         fields = self._fields(rules)
-        lane = "[ember::kLanes]" if self.column else ""
+        lane = f"[{self.width}]" if self.column else ""
         at = "[l]" if self.column else ""
         e.line("// pass over the reduction: " + ", ".join(m.name for m in members))
         for name, ftype, _ in fields:
@@ -197,7 +202,7 @@ class ReductionEmitter:
         if not fields:
             return
         if at and lanes:
-            with self.e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+            with self.e.block(f"for (int64_t l = 0; l < {self.width}; ++l)"):
                 for name, _, init in fields:
                     self.e.line(f"{prefix}_{name}{at} = {init};")
         else:
@@ -240,13 +245,22 @@ class ReductionEmitter:
         lo, hi = ("r_lo", "r_hi") if self.m == 1 else ("0", size(e, ranges[-1]))
         outermost = e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)" if self.m > 1 else "")
         middle = [f"r{d}" for d in range(1, last)]
-        chunks = e.block(f"for (int64_t rb = {lo}; rb < {hi}; rb += ember::kLanes)")
-        with outermost, nested_loops(e, middle, [size(e, r) for r in ranges[1:last]]), chunks:
-            e.line(f"const int64_t rn = std::min<int64_t>(ember::kLanes, {hi} - rb);")
-            e.line("#pragma omp simd")
-            with e.block("for (int64_t l = 0; l < rn; ++l)"):
-                e.line(f"const int64_t r{last} = rb + l;")
-                self._evaluate(members, rules, "l")
+        with outermost, nested_loops(e, middle, [size(e, r) for r in ranges[1:last]]):
+            # whole chunks with a constant trip count (one or two vectors, accumulators
+            # kept in registers), then one partial chunk: a variable count in every
+            # chunk costs a vector prologue and epilogue per 16 elements
+            e.line(f"const int64_t rm = {lo} + ({hi} - {lo}) / ember::kLanes * ember::kLanes;")
+            with e.block("for (int64_t rb = " + lo + "; rb < rm; rb += ember::kLanes)"):
+                e.line("#pragma omp simd")
+                with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+                    e.line(f"const int64_t r{last} = rb + l;")
+                    self._evaluate(members, rules, "l")
+            with e.block(f"if (rm < {hi})"):
+                e.line(f"const int64_t rb = rm, rn = {hi} - rm;")
+                e.line("#pragma omp simd")
+                with e.block("for (int64_t l = 0; l < rn; ++l)"):
+                    e.line(f"const int64_t r{last} = rb + l;")
+                    self._evaluate(members, rules, "l")
         if fields:
             with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
                 self._combine(rules, "s", "", "l", "[l]")
@@ -273,7 +287,7 @@ class ReductionEmitter:
         """Run the pass over the whole reduction, or split over threads."""
         e = self.e
         first = size(e, self.kernel.reduction_ranges[0])
-        lane = "[ember::kLanes]" if self.column else ""
+        lane = f"[{self.width}]" if self.column else ""
         args = "".join(f", a_{name}" for name, _, _ in fields)
         with e.block("if (split)"):
             for name, ftype, _ in fields:
@@ -291,7 +305,7 @@ class ReductionEmitter:
                 e.line(f"ember_run({first} * t / nt, {first} * (t + 1) / nt{parts});")
             with e.block("for (int t = 0; t < ember_nt; ++t)"):
                 if self.column:
-                    with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+                    with e.block(f"for (int64_t l = 0; l < {self.width}; ++l)"):
                         self._combine(rules, "a", "[l]", "part", "[t][l]")
                 else:
                     self._combine(rules, "a", "", "part", "[t]")
