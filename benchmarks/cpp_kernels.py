@@ -68,7 +68,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--only", default="", help="comma-separated kernel names")
     options = parser.parse_args()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    only = {n for n in options.only.split(",") if n}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     header = f"{'kernel':<13} {'MB':>6} {'eager ms':>9} {'ember ms':>9} {'memcpy ms':>9}"
     header += (
@@ -76,6 +81,8 @@ def main() -> None:
     )
     print(header)
     for name, (traced_fn, eager_fn, args) in cases(options.scale).items():
+        if only and name not in only:
+            continue
         start = time.perf_counter()
         gm = make_fx(traced_fn, decomposition_table=ember_decompositions())(*args)
         program = lower_graph(gm, options=LoweringOptions(loops=True))
@@ -101,8 +108,9 @@ def main() -> None:
                 kernel(*tensors)
 
         moved = sum(kernel_bytes(k, program) for k in kernels)
-        source = torch.empty(moved // 2, dtype=torch.uint8)
-        target = torch.empty_like(source)
+        # filled: untouched pages of torch.empty all map the kernel's zero page
+        source = torch.ones(moved // 2, dtype=torch.uint8)
+        target = torch.zeros_like(source)
         eager_ms = timed(lambda f=eager_fn, a=args: f(*a), options.repeat)
         ember_ms = timed(run_ember, options.repeat)
         memcpy_ms = timed(lambda s=source, t=target: t.copy_(s), options.repeat)
