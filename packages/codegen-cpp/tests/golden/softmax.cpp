@@ -4,6 +4,7 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
   const int64_t ember_inner = 100;
   const bool ember_split = false;  // too little work to split over threads
   auto ember_point = [&](int64_t i0, bool split) {
+    float ember_cache0[100];
     // pass over the reduction: buf0
     float a_buf0_0;
     a_buf0_0 = -std::numeric_limits<float>::infinity();
@@ -59,6 +60,7 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
               const float t4 = t2 - t3;
               const float t5 = ember::exp(t4);
               l_buf1_0[l] = l_buf1_0[l] + t5;
+              ember_cache0[r0] = t5;
             }
           }
           if (rm < r_hi) {
@@ -71,6 +73,7 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
               const float t8 = t6 - t7;
               const float t9 = ember::exp(t8);
               l_buf1_0[l] = l_buf1_0[l] + t9;
+              ember_cache0[r0] = t9;
             }
           }
         }
@@ -89,12 +92,12 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
             #pragma omp simd
             for (int64_t l = 0; l < ember::kLanes; ++l) {
               const int64_t r0 = rb + l;
-              const float t10 = in_x_1[100*i0 + r0];
-              const float t11 = a_buf0_0;
-              const float t12 = t10 - t11;
-              const float t13 = ember::exp(t12);
+              const float t10 = ember_cache0[r0];
+              const float t11 = in_x_1[100*i0 + r0];
+              const float t12 = a_buf0_0;
+              const float t13 = t11 - t12;
               const float t14 = a_buf1_0;
-              const float t15 = t13 / t14;
+              const float t15 = t10 / t14;
               const float t16 = in_w_1[r0];
               const float t17 = t15 * t16;
               out_buf2[100*i0 + r0] = t17;
@@ -105,12 +108,12 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
             #pragma omp simd
             for (int64_t l = 0; l < rn; ++l) {
               const int64_t r0 = rb + l;
-              const float t18 = in_x_1[100*i0 + r0];
-              const float t19 = a_buf0_0;
-              const float t20 = t18 - t19;
-              const float t21 = ember::exp(t20);
+              const float t18 = ember_cache0[r0];
+              const float t19 = in_x_1[100*i0 + r0];
+              const float t20 = a_buf0_0;
+              const float t21 = t19 - t20;
               const float t22 = a_buf1_0;
-              const float t23 = t21 / t22;
+              const float t23 = t18 / t22;
               const float t24 = in_w_1[r0];
               const float t25 = t23 * t24;
               out_buf2[100*i0 + r0] = t25;

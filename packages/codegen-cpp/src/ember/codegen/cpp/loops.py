@@ -4,9 +4,10 @@ Pointwise kernels run their outer dimensions in parallel (one OpenMP `parallel f
 collapsed over the dimensions and over blocks of the innermost one, skipped when the
 work is too small to pay for waking threads) and the innermost dimension as a
 contiguous `omp simd` loop. Where a load is contiguous along an outer dimension instead
-(a transpose), that dimension and the innermost one run in square tiles. Scatter kernels store at a data-dependent index: in
-parallel with atomics when the combination is a plain store or a sum of a native
-type, sequentially otherwise (correctness first). Reduction kernels are in
+(a transpose), that dimension and the innermost one run in square tiles. Scatter
+kernels store at a data-dependent index: in parallel with atomics when the combination
+is a plain store or a sum of a native type, sequentially otherwise (correctness
+first). Reduction kernels are in
 ember.codegen.cpp.reduction_loops.
 """
 

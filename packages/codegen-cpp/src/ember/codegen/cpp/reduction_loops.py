@@ -34,12 +34,15 @@ from ember.codegen.cpp.dtypes import round_to
 from ember.codegen.cpp.emitter import Emitter
 from ember.codegen.cpp.loops import nested_loops, parallel_pragma, size, store, work
 from ember.codegen.cpp.reductions import ReductionRule, reduction_rule
-from ember.ir import Load, walk
+from ember.ir import Load, Node, Op, walk
 from ember.ir.symbolic import index_var, product, static_int
 from ember.scheduler import POINTWISE, REDUCTION, FusedKernel, KernelMember
 from ember.scheduler.indexing import affine_coefficient
 
 LANES = 16  # ember::kLanes
+ROW_CACHE_MAX = 8192  # elements of a reduction row whose costly values may be kept
+COSTLY = frozenset({"exp", "exp2", "expm1", "log", "log2", "log1p", "erf", "tanh", "sigmoid"})
+COSTLY |= {"pow", "sin", "cos", "atan2", "truediv", "sqrt"}
 COLUMN_LANES = 64  # ember::kColumnLanes: a column block spans whole cache lines of a row
 SPLIT_MIN = 4096  # ember::kSplitMin
 MAX_THREADS = 256  # ember::kMaxThreads
@@ -99,6 +102,9 @@ class ReductionEmitter:
         self.width = "ember::kColumnLanes" if self.column else "ember::kLanes"
         self.n = len(self.kernel.ranges)
         self.m = len(self.kernel.reduction_ranges)
+        self.cached: list[tuple[Node, int]] = []  # row cache: (value, pass computing it)
+        self.cache_size = 0
+        self.current = 0  # the pass being emitted
 
     def emit(self) -> None:
         e, kernel = self.e, self.kernel
@@ -125,7 +131,12 @@ class ReductionEmitter:
             if self.column:
                 last = size(e, ranges[-1])
                 e.line(f"const int64_t ln = std::min<int64_t>({self.width}, {last} - ib);")
-            for members in phases(kernel):
+            passes = phases(kernel)
+            self.cached = self._row_cache(passes)
+            for k, (node, _) in enumerate(self.cached):
+                self.e.line(f"{e.ctx.ctype(node.dtype)} ember_cache{k}[{self.cache_size}];")
+            for number, members in enumerate(passes):
+                self.current = number
                 self._phase(members)
             self._outer_members()
         if self.n == 0:
@@ -140,6 +151,27 @@ class ReductionEmitter:
             parallel_pragma(e, [*ranges, *kernel.reduction_ranges], self.n)
             with nested_loops(e, loop_vars, bounds):
                 e.line(call + "false);")
+
+    def _row_cache(self, passes: list[list[KernelMember]]) -> list[tuple[Node, int]]:
+        """Costly values that a later pass recomputes at the same reduction points
+        (softmax: exp(x - max) in the sum and again in the division): the first pass
+        keeps them in a per-row stack array and later ones read it. Row shape only, for
+        static reductions that fit the cache and are never split over threads."""
+        inner = static_int(sympy.expand(product(self.kernel.reduction_ranges)))
+        if self.column or inner is None or inner > ROW_CACHE_MAX or self._may_split():
+            return []
+        self.cache_size = inner
+        seen: dict[Node, int] = {}
+        found: dict[Node, int] = {}
+        for number, members in enumerate(passes):
+            nodes = {n for m in members for n in walk(m.body)}
+            for node in nodes:
+                if node in seen and seen[node] < number and _costly(node):
+                    found.setdefault(node, seen[node])
+            for node in nodes:
+                seen.setdefault(node, number)
+        inside = {n for node in found for n in walk(node) if n is not node}
+        return [(node, first) for node, first in found.items() if node not in inside]
 
     def _may_split(self) -> bool:
         """Whether per-thread partials can ever pay off (decided at run time)."""
@@ -224,6 +256,13 @@ class ReductionEmitter:
         members store."""
         e = self.e
         rule_of = {m.name: (rule, ctype) for m, rule, ctype in rules}
+        for k, (node, first) in enumerate(self.cached):
+            if first < self.current and any(node in walk(m.body) for m in members):
+                name = e.fresh()
+                e.line(
+                    f"const {e.ctx.ctype(node.dtype)} {name} = ember_cache{k}[{self._linear()}];"
+                )
+                e.scopes[-1][node] = name
         for member in members:
             e.ctx.member = member.name
             value = e.value(member.body)
@@ -234,6 +273,9 @@ class ReductionEmitter:
             slots = {f"s{j}": f"{state}_{member.name}_{j}[l]" for j in range(len(rule.fields))}
             e.line(rule.update.format(x=value, r=self._linear(), T=ctype, **slots))
         e.ctx.member = None
+        for k, (node, first) in enumerate(self.cached):
+            if first == self.current:
+                e.line(f"ember_cache{k}[{self._linear()}] = {e.value(node)};")
 
     def _row_loops(self, members: list[KernelMember], rules: Rules, fields: Fields) -> None:
         e = self.e
@@ -359,3 +401,9 @@ class ReductionEmitter:
             self.e.ctx.member = member.name
             store(self.e, member, self.e.value(member.body), member.index)
         self.e.ctx.member = None
+
+
+def _costly(node: Node) -> bool:
+    """Whether a value is worth keeping rather than recomputing: an op (not a plain load)
+    with a transcendental or a division inside."""
+    return isinstance(node, Op) and any(isinstance(n, Op) and n.name in COSTLY for n in walk(node))
