@@ -21,15 +21,17 @@ extern "C" void k0_red_var_mean_output(const uint16_t* __restrict__ in_x_1, uint
           l_buf0_1[l] = 0;
           l_buf0_2[l] = 0;
         }
+        int64_t ember_chunks = 0;
         {
           const int64_t rm = r_lo + (r_hi - r_lo) / ember::kLanes * ember::kLanes;
           for (int64_t rb = r_lo; rb < rm; rb += ember::kLanes) {
+            const double ember_w = 1.0 / double(++ember_chunks);
             #pragma omp simd
             for (int64_t l = 0; l < ember::kLanes; ++l) {
               const int64_t r0 = rb + l;
               const float t0 = ember::bf16_to_float(in_x_1[8*i0 + r0]);
               const float t1 = t0;
-              { l_buf0_2[l] = l_buf0_2[l] + 1; const float delta = t1 - l_buf0_0[l]; l_buf0_0[l] = l_buf0_0[l] + delta / l_buf0_2[l]; l_buf0_1[l] = l_buf0_1[l] + delta * (t1 - l_buf0_0[l]); }
+              { l_buf0_2[l] = l_buf0_2[l] + 1; const float delta = t1 - l_buf0_0[l]; l_buf0_0[l] = l_buf0_0[l] + delta * float(ember_w); l_buf0_1[l] = l_buf0_1[l] + delta * (t1 - l_buf0_0[l]); }
             }
           }
           if (rm < r_hi) {

@@ -251,9 +251,11 @@ class ReductionEmitter:
         members: list[KernelMember],
         rules: Rules,
         state: str,
+        uniform: bool = False,
     ) -> None:
         """The pass's bodies at one point: reductions update `state`, inner pointwise
-        members store."""
+        members store. `uniform`: every lane has seen as many values as there are whole
+        chunks so far (`ember_w` is 1 / that count, for rules that use it)."""
         e = self.e
         rule_of = {m.name: (rule, ctype) for m, rule, ctype in rules}
         for k, (node, first) in enumerate(self.cached):
@@ -271,7 +273,8 @@ class ReductionEmitter:
                 continue
             rule, ctype = rule_of[member.name]
             slots = {f"s{j}": f"{state}_{member.name}_{j}[l]" for j in range(len(rule.fields))}
-            e.line(rule.update.format(x=value, r=self._linear(), T=ctype, **slots))
+            update = rule.uniform_update if uniform and rule.uniform_update else rule.update
+            e.line(update.format(x=value, r=self._linear(), T=ctype, w="ember_w", **slots))
         e.ctx.member = None
         for k, (node, first) in enumerate(self.cached):
             if first == self.current:
@@ -287,16 +290,25 @@ class ReductionEmitter:
         lo, hi = ("r_lo", "r_hi") if self.m == 1 else ("0", size(e, ranges[-1]))
         outermost = e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)" if self.m > 1 else "")
         middle = [f"r{d}" for d in range(1, last)]
+        # lanes see equal counts in whole chunks unless a partial chunk comes between
+        whole = static_int(ranges[-1])
+        uniform = any(rule.uniform_update for _, rule, _ in rules) and (
+            self.m == 1 or (whole is not None and whole % LANES == 0)
+        )
+        if uniform:
+            e.line("int64_t ember_chunks = 0;")
         with outermost, nested_loops(e, middle, [size(e, r) for r in ranges[1:last]]):
             # whole chunks with a constant trip count (one or two vectors, accumulators
             # kept in registers), then one partial chunk: a variable count in every
             # chunk costs a vector prologue and epilogue per 16 elements
             e.line(f"const int64_t rm = {lo} + ({hi} - {lo}) / ember::kLanes * ember::kLanes;")
             with e.block("for (int64_t rb = " + lo + "; rb < rm; rb += ember::kLanes)"):
+                if uniform:
+                    e.line("const double ember_w = 1.0 / double(++ember_chunks);")
                 e.line("#pragma omp simd")
                 with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
                     e.line(f"const int64_t r{last} = rb + l;")
-                    self._evaluate(members, rules, "l")
+                    self._evaluate(members, rules, "l", uniform)
             with e.block(f"if (rm < {hi})"):
                 e.line(f"const int64_t rb = rm, rn = {hi} - rm;")
                 e.line("#pragma omp simd")
