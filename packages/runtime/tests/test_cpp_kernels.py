@@ -68,6 +68,9 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
             y.softmax(-1),
             F.gelu(y),
             F.gelu(y, approximate="tanh"),
+            torch.var_mean(x, (0, 2)),  # two reduction dims, partial chunks between
+            torch.var_mean(x[:, :, :48] + 5, (0, 2)),  # whole chunks only: 1 / count
+            torch.var_mean(y + 100, 1),
         ),
         (torch.randn(3, 40, 50), torch.randn(70, 1000) * 3),
         False,
