@@ -39,7 +39,7 @@ import torch
 from ember.codegen.cpp import CppSource, KernelInfo, render_kernels
 from ember.scheduler import FusedKernel
 
-BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+BASE_FLAGS: tuple[str, ...] = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 BASE_FLAGS += ("-ffp-contract=fast", "-fno-math-errno")
 NATIVE_FLAGS = ("-march=native", "-mprefer-vector-width=512")
 # tried in order until the compiler accepts one (non-x86 compilers reject the width)
