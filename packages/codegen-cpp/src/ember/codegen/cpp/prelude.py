@@ -107,6 +107,24 @@ inline int64_t mod_i(int64_t a, int64_t b) {
 // [-ln2/2, ln2/2] (Cephes' expf coefficients), then 2^k applied in two halves so that
 // results near overflow and in the subnormal range come out right. ~1 ulp. NaN
 // passes through the clamps (comparisons with NaN are false) and the arithmetic.
+// exp without the clamps and with one scaling step: for arguments in [-87, 88] only
+// (erf and tanh below), where 2^k is a normal float.
+inline float exp_normal_range(float x) {
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float k = shifted - 12582912.0f;
+  const int32_t n = int32_t(f32_bits(shifted) - f32_bits(12582912.0f));
+  float r = x - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * (r * r) + r + 1.0f;
+  return e * bits_f32(uint32_t(n + 127) << 23);
+}
+
 inline float exp(float x) {
   x = x > 88.8f ? 88.8f : x;
   x = x < -104.0f ? -104.0f : x;
@@ -151,7 +169,7 @@ inline float erf(float x) {
   q = q * u + 5.7768174e-2f;
   q = q * u + -3.5837385e-1f;
   q = q * u + -1.5390396e+0f;
-  const float large = std::copysign(1.0f - exp(q - t * t), x);
+  const float large = std::copysign(1.0f - exp_normal_range(q - t * t), x);
   return a < 0.921875f ? small : large;
 }
 inline double erf(double x) { return std::erf(x); }
@@ -168,7 +186,7 @@ inline float tanh(float x) {
   p = p * s + -3.3333334e-1f;
   const float small = x + x * s * p;
   const float t = a > 9.5f ? 9.5f : a;  // NaN passes
-  const float large = std::copysign(1.0f - 2.0f / (exp(2.0f * t) + 1.0f), x);
+  const float large = std::copysign(1.0f - 2.0f / (exp_normal_range(2.0f * t) + 1.0f), x);
   return a < 0.625f ? small : large;
 }
 inline double tanh(double x) { return std::tanh(x); }
