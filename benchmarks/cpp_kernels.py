@@ -1,18 +1,29 @@
-"""Memory-bound kernels on the CPU: eager vs ember's C++ kernels vs a memcpy of the
-same bytes, and ember's compile time.
+"""Memory-bound kernels on the CPU: eager vs Inductor vs ember's C++ kernels vs a
+memcpy of the same bytes, and cold compile times of Inductor and ember.
 
-    uv run python benchmarks/cpp_kernels.py [--repeat 20] [--scale 1.0]
+    uv run python benchmarks/cpp_kernels.py [--repeat 20] [--scale 1.0] [--threads N]
+        [--only softmax,gelu] [--no-inductor]
+
+"inductor ms" is `torch.compile(fn, backend="inductor")` timed like eager (outputs
+allocated per call); "ind cold s" is its first call with a fresh Inductor cache (it
+includes Dynamo and AOTAutograd, a few seconds that every torch.compile backend pays);
+ember's cold time is "trace+sched s" (make_fx, lowering, scheduling) plus "compile s"
+(rendering and the C++ compiler).
 
 "MB" is what the fused kernels must move (ember.scheduler.kernel_bytes); "memcpy" is
 torch's copy_ of half that many bytes into a preallocated tensor (a copy reads and
-writes, so it moves them all); "of memcpy" is memcpy ms / ember ms (the target is
-80%). Ember's time is the kernels alone, outputs preallocated. Times are the fastest
+writes, so it moves them all); "of memcpy" is memcpy ms / kernel ms (the target is
+80%). "kernel ms" is ember's kernels alone, outputs preallocated (what the memcpy
+does too); "ember ms" allocates fresh outputs per call like ember's wrapper, eager and
+Inductor do (large CPU allocations are fresh pages: their first touch faults), and is
+what "vs eager" and "vs ind" compare. Times are the fastest
 of the repeats: the 2-core machine is shared, medians mostly measure the neighbours.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -65,18 +76,40 @@ def timed(fn: Callable[[], Any], repeat: int) -> float:
     return min(samples) * 1e3  # the machine is shared: the least disturbed run
 
 
+def inductor(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable[[], Any], float]:
+    """Inductor's compiled `fn` and its cold compile seconds (fresh cache directory)."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+    torch._inductor.config.fx_graph_cache = False
+    compiled = torch.compile(fn, backend="inductor")
+    start = time.perf_counter()
+    compiled(*args)
+    return (lambda: compiled(*args)), time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--only", default="", help="comma-separated kernel names")
+    parser.add_argument("--no-inductor", action="store_true", help="skip the Inductor columns")
     options = parser.parse_args()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    only = {n for n in options.only.split(",") if n}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    header = f"{'kernel':<13} {'MB':>6} {'eager ms':>9} {'ember ms':>9} {'memcpy ms':>9}"
-    header += (
-        f" {'of memcpy':>9} {'vs eager':>8} {'kernels':>7} {'trace+sched s':>13} {'compile s':>9}"
-    )
+    header = f"{'kernel':<13} {'MB':>6} {'eager ms':>9} {'inductor ms':>11} {'ember ms':>9}"
+    header += f" {'kernel ms':>9} {'memcpy ms':>9} {'of memcpy':>9} {'vs eager':>8}"
+    header += f" {'vs ind':>7} {'kernels':>7}"
+    header += f" {'trace+sched s':>13} {'compile s':>9} {'ind cold s':>10}"
     print(header)
     for name, (traced_fn, eager_fn, args) in cases(options.scale).items():
+        if only and name not in only:
+            continue
         start = time.perf_counter()
         gm = make_fx(traced_fn, decomposition_table=ember_decompositions())(*args)
         program = lower_graph(gm, options=LoweringOptions(loops=True))
@@ -102,16 +135,40 @@ def main() -> None:
             for kernel, tensors in calls:
                 kernel(*tensors)
 
+        outputs = [n for n in env if n not in {i.name for i in program.inputs}]
+        alloc_calls = [(compiled[k.name], k.buffer_arguments()) for k in kernels]
+
+        def run_ember_alloc(
+            env: dict[str, Any] = env,
+            outputs: list[str] = outputs,
+            calls: list[tuple[Any, Any]] = alloc_calls,
+        ) -> None:
+            # like the wrapper (and eager, and Inductor): fresh outputs every call
+            fresh = dict(env)
+            for n in outputs:
+                fresh[n] = torch.empty_strided(env[n].size(), env[n].stride(), dtype=env[n].dtype)
+            for kernel, names in calls:
+                kernel(*[fresh[n] for n in names])
+
         moved = sum(kernel_bytes(k, program) for k in kernels)
-        source = torch.empty(moved // 2, dtype=torch.uint8)
-        target = torch.empty_like(source)
+        # filled: untouched pages of torch.empty all map the kernel's zero page
+        source = torch.ones(moved // 2, dtype=torch.uint8)
+        target = torch.zeros_like(source)
         eager_ms = timed(lambda f=eager_fn, a=args: f(*a), options.repeat)
-        ember_ms = timed(run_ember, options.repeat)
+        kernel_ms = timed(run_ember, options.repeat)
+        ember_ms = timed(run_ember_alloc, options.repeat)
         memcpy_ms = timed(lambda s=source, t=target: t.copy_(s), options.repeat)
+        inductor_ms, inductor_cold, versus = float("nan"), float("nan"), float("nan")
+        if not options.no_inductor:
+            run_inductor, inductor_cold = inductor(eager_fn, args)
+            inductor_ms = timed(run_inductor, options.repeat)
+            versus = inductor_ms / ember_ms
         print(
-            f"{name:<13} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {ember_ms:>9.2f} {memcpy_ms:>9.2f}"
-            f" {memcpy_ms / ember_ms:>9.0%} {eager_ms / ember_ms:>7.2f}x {len(kernels):>7}"
-            f" {frontend:>13.2f} {compile_seconds:>9.2f}"
+            f"{name:<13} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {inductor_ms:>11.2f} {ember_ms:>9.2f}"
+            f" {kernel_ms:>9.2f} {memcpy_ms:>9.2f} {memcpy_ms / kernel_ms:>9.0%}"
+            f" {eager_ms / ember_ms:>7.2f}x"
+            f" {versus:>6.2f}x {len(kernels):>7} {frontend:>13.2f} {compile_seconds:>9.2f}"
+            f" {inductor_cold:>10.1f}"
         )
 
 

@@ -69,6 +69,7 @@ GOLDEN_CASES: dict[str, Callable[[], list[FusedKernel]]] = {
     ),
     "softmax": lambda: kernels_of(_softmax, torch.randn(32, 100), torch.randn(100)),
     "column_sum": lambda: kernels_of(lambda x: x.sum(0), torch.randn(100, 64)),
+    "transpose": lambda: kernels_of(lambda x: x.t().contiguous() * 2, torch.randn(64, 96)),
     "masked_cat": lambda: kernels_of(
         lambda x, y: torch.cat([x, y], 1), torch.randn(4, 3), torch.randn(4, 5)
     ),

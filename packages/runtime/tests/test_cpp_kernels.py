@@ -59,6 +59,22 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
         (torch.randn(300, 200),),
         False,
     ),
+    "tiles_and_tails": (  # transpose tiles, row chunks and column blocks with partial ends
+        lambda x, y: (
+            x.transpose(1, 2).contiguous(),
+            x.permute(2, 0, 1).contiguous() * 2,
+            y.sum(0),
+            y.sum(-1),
+            y.softmax(-1),
+            F.gelu(y),
+            F.gelu(y, approximate="tanh"),
+            torch.var_mean(x, (0, 2)),  # two reduction dims, partial chunks between
+            torch.var_mean(x[:, :, :48] + 5, (0, 2)),  # whole chunks only: 1 / count
+            torch.var_mean(y + 100, 1),
+        ),
+        (torch.randn(3, 40, 50), torch.randn(70, 1000) * 3),
+        False,
+    ),
     "softmax": (_softmax_epilogue, (torch.randn(4, 6, 8), torch.randn(8), torch.randn(8)), False),
     "layer_norm": (_layer_norm, (torch.randn(16, 100), torch.randn(100), torch.randn(100)), False),
     "sum_axes": (

@@ -1,14 +1,14 @@
 // k0_red_sum: [64] over [100]: buf0 sum
 extern "C" void k0_red_sum(const float* __restrict__ in_x_1, float* __restrict__ out_buf0) {
-  const int64_t ember_blocks = (64 + ember::kLanes - 1) / ember::kLanes;
+  const int64_t ember_blocks = (64 + ember::kColumnLanes - 1) / ember::kColumnLanes;
   const int64_t ember_outer = ember_blocks;
   const int64_t ember_inner = 100;
   const bool ember_split = false;  // too little work to split over threads
   auto ember_point = [&](int64_t ib, bool split) {
-    const int64_t ln = std::min<int64_t>(ember::kLanes, 64 - ib);
+    const int64_t ln = std::min<int64_t>(ember::kColumnLanes, 64 - ib);
     // pass over the reduction: buf0
-    float a_buf0_0[ember::kLanes];
-    for (int64_t l = 0; l < ember::kLanes; ++l) {
+    float a_buf0_0[ember::kColumnLanes];
+    for (int64_t l = 0; l < ember::kColumnLanes; ++l) {
       a_buf0_0[l] = 0;
     }
     {
@@ -32,12 +32,12 @@ extern "C" void k0_red_sum(const float* __restrict__ in_x_1, float* __restrict__
   };
   if (ember_split) {
     for (int64_t ibk = 0; ibk < ember_blocks; ++ibk) {
-      ember_point(ibk * ember::kLanes, true);
+      ember_point(ibk * ember::kColumnLanes, true);
     }
   }
   else {
     for (int64_t ibk = 0; ibk < ember_blocks; ++ibk) {
-      ember_point(ibk * ember::kLanes, false);
+      ember_point(ibk * ember::kColumnLanes, false);
     }
   }
 }

@@ -6,7 +6,7 @@ extern "C" void k0_pw_output(const float* __restrict__ in_x_1, const float* __re
       const float t0 = in_x_1[512*i0 + i1];
       const float t1 = in_y_1[i1];
       const float t2 = t0 * t1;
-      const float t3 = 1 / (1 + ember::exp(-t2));
+      const float t3 = ember::sigmoid(t2);
       out_buf0[512*i0 + i1] = t3;
     }
   }

@@ -32,6 +32,7 @@ static inline void omp_set_num_threads(int) {}
 namespace ember {
 
 constexpr int64_t kLanes = 16;           // accumulators per reduction (vector lanes)
+constexpr int64_t kColumnLanes = 64;     // outer points per block of a column reduction
 constexpr int kMaxThreads = 256;         // per-thread partials of split reductions
 constexpr int64_t kParallelMin = 32768;  // less work than this runs on one thread
 constexpr int64_t kSplitMin = 4096;      // shortest reduction worth splitting over threads
@@ -101,13 +102,17 @@ inline int64_t mod_i(int64_t a, int64_t b) {
 }
 
 // exp in float, written so that `omp simd` loops vectorise it (libm's expf is a call
-// the vectoriser cannot see through): Cody-Waite reduction by ln 2, a degree-6
-// polynomial on [-ln2/2, ln2/2] (Cephes' expf coefficients), scaling by 2^k in two
-// steps so that results near the overflow and subnormal ends come out right. ~1 ulp.
-inline float exp(float x) {
-  x = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);  // NaN passes through
-  float k = std::nearbyint(x * 1.44269504088896341f);
-  k = x != x ? 0.0f : k;
+// the vectoriser cannot see through). x = k ln2 + r: k rounded with the 1.5 * 2^23
+// trick (also gives k's bits), r in two steps (Cody-Waite), a degree-6 polynomial on
+// [-ln2/2, ln2/2] (Cephes' expf coefficients), then 2^k applied in two halves so that
+// results near overflow and in the subnormal range come out right. ~1 ulp. NaN
+// passes through the clamps (comparisons with NaN are false) and the arithmetic.
+// exp without the clamps and with one scaling step: for arguments in [-87, 88] only
+// (erf and tanh below), where 2^k is a normal float.
+inline float exp_normal_range(float x) {
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float k = shifted - 12582912.0f;
+  const int32_t n = int32_t(f32_bits(shifted) - f32_bits(12582912.0f));
   float r = x - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -116,12 +121,82 @@ inline float exp(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  float e = p * r * r + r + 1.0f;
-  int32_t n = int32_t(k);
-  int32_t half = n >> 1;
+  const float e = p * (r * r) + r + 1.0f;
+  return e * bits_f32(uint32_t(n + 127) << 23);
+}
+
+inline float exp(float x) {
+  x = x > 88.8f ? 88.8f : x;
+  x = x < -104.0f ? -104.0f : x;
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float k = shifted - 12582912.0f;
+  const int32_t n = int32_t(f32_bits(shifted) - f32_bits(12582912.0f));
+  float r = x - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * (r * r) + r + 1.0f;
+  const int32_t half = n >> 1;
   return e * bits_f32(uint32_t(half + 127) << 23) * bits_f32(uint32_t(n - half + 127) << 23);
 }
 inline double exp(double x) { return std::exp(x); }
+
+// erf in float, vectorisable: erf(x) = x + x P(x^2) for |x| < 0.921875; above,
+// erf(x) = 1 - exp(-x^2 + Q(|x| - 2.45)), with P and Q least-squares fits (relative
+// error of P, absolute error of Q ~1e-8); 1 from 4 on. Within 2 ulp of torch.
+inline float erf(float x) {
+  const float a = std::fabs(x);
+  const float s = x * x;
+  float p = -5.9538835e-4f;
+  p = p * s + 4.9859746e-3f;
+  p = p * s + -2.6761750e-2f;
+  p = p * s + 1.1281684e-1f;
+  p = p * s + -3.7612480e-1f;
+  p = p * s + 1.2837915e-1f;
+  const float small = x + x * p;  // x exact, the correction rounded: smaller error
+  const float t = a > 4.0f ? 4.0f : a;  // NaN passes
+  const float u = t - 2.45f;
+  float q = 1.6024898e-6f;
+  q = q * u + -1.3945774e-5f;
+  q = q * u + 8.2214654e-5f;
+  q = q * u + -4.4410699e-4f;
+  q = q * u + 2.2730946e-3f;
+  q = q * u + -1.1302214e-2f;
+  q = q * u + 5.7768174e-2f;
+  q = q * u + -3.5837385e-1f;
+  q = q * u + -1.5390396e+0f;
+  const float large = std::copysign(1.0f - exp_normal_range(q - t * t), x);
+  return a < 0.921875f ? small : large;
+}
+inline double erf(double x) { return std::erf(x); }
+
+// tanh in float, vectorisable: x + x^3 P(x^2) for |x| < 0.625 (a least-squares fit),
+// else 1 - 2 / (exp(2|x|) + 1) with the sign of x (1 from 9.5 on). ~2 ulp.
+inline float tanh(float x) {
+  const float a = std::fabs(x);
+  const float s = x * x;
+  float p = -6.3291984e-3f;
+  p = p * s + 2.1182878e-2f;
+  p = p * s + -5.3897019e-2f;
+  p = p * s + 1.3333133e-1f;
+  p = p * s + -3.3333334e-1f;
+  const float small = x + x * s * p;
+  const float t = a > 9.5f ? 9.5f : a;  // NaN passes
+  const float large = std::copysign(1.0f - 2.0f / (exp_normal_range(2.0f * t) + 1.0f), x);
+  return a < 0.625f ? small : large;
+}
+inline double tanh(double x) { return std::tanh(x); }
+
+// sigmoid through exp(-|x|), which never overflows: 1 / (1 + e) for x >= 0, else
+// e / (1 + e), so large negative inputs keep their tiny (subnormal) results.
+template <class T> inline T sigmoid(T x) {
+  const T e = exp(-std::fabs(x));
+  return (x >= T(0) ? T(1) : e) / (T(1) + e);
+}
 
 // Ops whose torch semantics take more than one C++ expression.
 template <class T> inline T maximum(T a, T b) {

@@ -1,13 +1,14 @@
 """Reduction kinds (ember.ir.loops.REDUCTION_KINDS) as C++ accumulator rules.
 
 A reduction keeps a small state per accumulator (one per vector lane, later one per
-thread): `fields` are its C++ variables with their initial values, `update` folds in
-one value `{x}` at linear reduction index `{r}`, `combine` merges state `b` into state
-`a` (lanes into one result, threads' partials into the total, in a fixed order so a
-run is repeatable), and `results` says which fields the member's values are (welford:
-mean and M2). Semantics follow torch: max/min propagate NaN; argmax/argmin give the
-first index of the extreme, NaN counting as the extreme; welford uses Welford's update
-and Chan's combination.
+thread): `fields` are its C++ variables with their initial values, `update` folds in one
+value `{x}` at linear reduction index `{r}` (`uniform_update` likewise where all lanes
+have seen the same count, given as the reciprocal `{w}`), `combine` merges state `b`
+into state `a` (lanes into one result, threads' partials into the total, in a fixed
+order so a run is repeatable), and `results` says which fields the member's values are
+(welford: mean and M2). Semantics follow torch: max/min propagate NaN; argmax/argmin
+give the first index of the extreme, NaN counting as the extreme; welford uses Welford's
+update and Chan's combination.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ class ReductionRule:
     update: str  # `{s0}`..: the state's fields, `{x}`: the value, `{r}`: its linear index
     combine: str  # `{a0}`.. <- `{b0}`..
     results: tuple[int, ...] = (0,)
+    # the update where every lane's count is the same, `{w}` being 1 / the new count
+    # (computed once per chunk: no division per element); "" when there is none
+    uniform_update: str = ""
 
 
 def _extreme(lowest: bool, dtype: torch.dtype, ctype: str) -> str:
@@ -92,5 +96,9 @@ def reduction_rule(kind: str, dtype: torch.dtype, ctype: str) -> ReductionRule |
             ),
             combine="ember::welford_combine({a0}, {a1}, {a2}, {b0}, {b1}, {b2});",
             results=(0, 1),
+            uniform_update=(
+                "{{ {s2} = {s2} + 1; const {T} delta = {x} - {s0}; "
+                "{s0} = {s0} + delta * {T}({w}); {s1} = {s1} + delta * ({x} - {s0}); }}"
+            ),
         )
     return None
