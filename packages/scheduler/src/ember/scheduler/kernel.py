@@ -109,6 +109,9 @@ class FusedKernel:
                         dtypes.setdefault(node.buffer, node.dtype)
                     elif isinstance(node, Rand):
                         dtypes.setdefault(node.seed, torch.int64)
+        missing = [name for name in self.buffer_arguments() if name not in dtypes]
+        if missing:
+            raise ValueError(f"kernel {self.name}: no member reads or writes buffer {missing[0]!r}")
         return tuple(dtypes[name] for name in self.buffer_arguments())
 
     def size_arguments(self) -> tuple[sympy.Symbol, ...]:

@@ -109,10 +109,11 @@ inline int64_t mod_i(int64_t a, int64_t b) {
 // passes through the clamps (comparisons with NaN are false) and the arithmetic.
 // exp without the clamps and with one scaling step: for arguments in [-87, 88] only
 // (erf and tanh below), where 2^k is a normal float.
-inline float exp_normal_range(float x) {
+// exp(x) = e * 2^n with e in [0.7, 1.5): the polynomial both exps below share.
+inline float exp_reduced(float x, int32_t& n) {
   const float shifted = x * 1.44269504088896341f + 12582912.0f;
   const float k = shifted - 12582912.0f;
-  const int32_t n = int32_t(f32_bits(shifted) - f32_bits(12582912.0f));
+  n = int32_t(f32_bits(shifted) - f32_bits(12582912.0f));
   float r = x - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -121,25 +122,20 @@ inline float exp_normal_range(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float e = p * (r * r) + r + 1.0f;
+  return p * (r * r) + r + 1.0f;
+}
+
+inline float exp_normal_range(float x) {
+  int32_t n;
+  const float e = exp_reduced(x, n);
   return e * bits_f32(uint32_t(n + 127) << 23);
 }
 
 inline float exp(float x) {
   x = x > 88.8f ? 88.8f : x;
   x = x < -104.0f ? -104.0f : x;
-  const float shifted = x * 1.44269504088896341f + 12582912.0f;
-  const float k = shifted - 12582912.0f;
-  const int32_t n = int32_t(f32_bits(shifted) - f32_bits(12582912.0f));
-  float r = x - k * 0.693359375f;
-  r = r - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float e = p * (r * r) + r + 1.0f;
+  int32_t n;
+  const float e = exp_reduced(x, n);
   const int32_t half = n >> 1;
   return e * bits_f32(uint32_t(half + 127) << 23) * bits_f32(uint32_t(n - half + 127) << 23);
 }

@@ -21,7 +21,6 @@ from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
 from ember.codegen.cpp.prelude import PRELUDE
 from ember.codegen.cpp.reduction_loops import ReductionEmitter
-from ember.ir import Load, Rand, walk
 from ember.scheduler import FusedKernel
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -101,25 +100,13 @@ def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
 
 def kernel_arguments(kernel: FusedKernel) -> tuple[KernelArgument, ...]:
     """The parameters of `kernel`: its buffers, then its size symbols."""
-    dtypes: dict[str, torch.dtype] = {}
-    written: set[str] = set(kernel.outputs)
-    for member in kernel.members:
-        dtypes.setdefault(member.name, member.dtype)
-        if member.mutates is not None:
-            dtypes[member.mutates] = member.dtype
-            written.add(member.mutates)
-    for member in kernel.members:
-        for root in (member.body, *member.indirect):
-            for node in walk(root):
-                if isinstance(node, Load):
-                    dtypes.setdefault(node.buffer, node.dtype)
-                elif isinstance(node, Rand):
-                    dtypes.setdefault(node.seed, torch.int64)
+    written = set(kernel.outputs) | {m.mutates for m in kernel.members if m.mutates is not None}
+    try:
+        dtypes = kernel.buffer_dtypes()
+    except ValueError as exc:
+        raise CppRenderError(str(exc), kernel.name) from None
     arguments = []
-    for name in kernel.buffer_arguments():
-        dtype = dtypes.get(name)
-        if dtype is None:
-            raise CppRenderError(f"buffer {name!r} that no member reads or writes", kernel.name)
+    for name, dtype in zip(kernel.buffer_arguments(), dtypes, strict=True):
         element = storage_type(dtype, kernel.name)
         writes = name in written
         ctype = f"{'' if writes else 'const '}{element}* __restrict__"
