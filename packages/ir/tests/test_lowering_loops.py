@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ember.ir import (
     ComputedBuffer,
     ExternKernel,
+    Layout,
     Load,
     LoweringError,
     LoweringOptions,
@@ -107,6 +108,23 @@ def test_reductions_match_eager() -> None:
     check(lambda x: (*torch.var_mean(x, 1, correction=0), x.var(2), x.std()), x)
     check(lambda x: (x.cumsum(1), x.cumprod(-1), torch.arange(5).cumsum(0)), x)
     check(lambda x: (torch.softmax(x, -1), torch.log_softmax(x, 1)), x)
+
+
+def test_reducing_a_0_dim_tensor_is_pointwise_not_a_reduction_over_nothing() -> None:
+    # A Reduction with no reduction ranges ran as a pointwise store of its body in the
+    # codegens: argmax of a 0-dim tensor returned the value (-8), not the index 0.
+    x = torch.tensor(-8.5)
+    program = check(
+        lambda x: (x.argmax(), x.argmin(0), x.max(0), torch.var_mean(x, correction=0), x.sum()),
+        x,
+    )
+    assert not [n for n in computed(program) if isinstance(n.loop, Reduction)]
+    layout = Layout.contiguous(torch.device("cpu"), torch.int64, ())
+    argmax = Reduction((), (), "argmax", Load("x_1", sympy.Integer(0), x.dtype))
+    no_dims = ComputedBuffer("bad", layout, argmax)
+    program.nodes.append(no_dims)
+    with pytest.raises(Exception, match="reduction over no dimension"):
+        verify(program)
 
 
 def test_layer_norm_is_one_welford_reduction() -> None:
