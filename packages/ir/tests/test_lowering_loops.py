@@ -127,6 +127,27 @@ def test_reducing_a_0_dim_tensor_is_pointwise_not_a_reduction_over_nothing() -> 
         verify(program)
 
 
+def _gapped_views(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = x.tanh()
+    return (x / 2).select(2, 0), y, y[:, ::2], (x + 1)[::2, :, 1::2], (x * 3).expand(2, -1, -1, -1)
+
+
+def test_gapped_output_strides_follow_eager_and_overlapping_ones_are_contiguous() -> None:
+    # Eager returns a select or strided slice of an intermediate as a view of it; the
+    # fuzzer saw ember's contiguous buffers instead (a saved activation read by a
+    # backward compiled against the forward's metadata would read the wrong elements).
+    x = torch.randn(5, 4, 6)
+    want = [t.stride() for t in _gapped_views(x)]
+    got = [t.stride() for t in run_program(check(_gapped_views, x), [x], seed=0)]
+    assert got[:4] == want[:4]  # the slice starting at 1 is stored at offset 0
+    assert got[4] == (120, 24, 6, 1)  # expand overlaps: contiguous, never stride 0
+    symbolic = lower(_gapped_views, torch.randn(5, 7, 6), mode="symbolic")
+    layouts = {n.name: n.layout for n in computed(symbolic)}
+    (_, s1, s2) = next(n.layout.size for n in symbolic.inputs if hasattr(n, "layout"))
+    assert layouts[symbolic.outputs[0].name].stride == (s1 * s2, s2)
+    assert layouts[symbolic.outputs[2].name].stride == (s1 * s2, 2 * s2, 1)
+
+
 def test_layer_norm_is_one_welford_reduction() -> None:
     x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
     program = check(lambda x, w, b: F.layer_norm(x, (8,), w, b), x, w, b)

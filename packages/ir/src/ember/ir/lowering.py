@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import sympy
 import torch
 import torch.fx
+from torch.utils._sympy.functions import FloorDiv
 
 from ember.ir.errors import LoweringError
 from ember.ir.errors import NotLowerable as NotLowerable
@@ -259,8 +260,10 @@ class GraphLowering:
 
         AOTAutograd compiles the backward against the forward's fake outputs, and users
         see output strides: a saved `w.t()` must come back with the transposed strides,
-        not as a contiguous copy. Dense (permuted) strides are honoured; overlapping or
-        gapped ones (expand, slices) get a contiguous buffer."""
+        not as a contiguous copy. Dense (permuted) and gapped strides (a select or strided
+        slice of an intermediate: eager returns a view of the whole) are honoured, the
+        buffer spanning the gaps unwritten (at storage offset 0); overlapping ones
+        (expand) get a contiguous buffer."""
         val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
         if self.options.loops and isinstance(arg, torch.fx.Node) and isinstance(val, torch.Tensor):
             lazy = self.env[arg]
@@ -278,7 +281,7 @@ class GraphLowering:
                 isinstance(lazy, LazyTensor)
                 and lazy.realized is None
                 and lazy.size == wanted.size
-                and _dense(wanted)
+                and _non_overlapping(wanted)
                 and self.whole_buffer(lazy) is None
             ):
                 layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -298,7 +301,7 @@ class GraphLowering:
             return value
         wanted = Layout.of(val)
         current = self.layouts.get(value.name)
-        if current is None or not _dense(wanted) or _same_strides(current, wanted):
+        if current is None or not _non_overlapping(wanted) or _same_strides(current, wanted):
             return value
         return self._copy(
             value.name, Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -610,18 +613,21 @@ def _is_view_op(arg: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and returns_view(target)
 
 
-def _dense(layout: Layout) -> bool:
-    """The strides are a permutation of contiguous strides (no gaps, no overlap)."""
+def _non_overlapping(layout: Layout) -> bool:
+    """No two indices share a storage element (dense, or with gaps): strides a kernel
+    can store to in a fresh `empty_strided` buffer."""
     dims = sorted(
         ((st, sz) for st, sz in zip(layout.stride, layout.size, strict=True) if sz != 1),
         key=lambda pair: _hint(pair[0]),
     )
-    expected: sympy.Expr = sympy.Integer(1)
+    least: sympy.Expr = sympy.Integer(1)  # past the farthest element the smaller dims reach
     for stride, size in dims:
-        if sympy.expand(stride - expected) != 0:
+        if sympy.factor(stride - least).is_nonnegative is not True:  # s*t - t = t*(s - 1)
             return False
-        expected = expected * size
-    return bool(layout.offset == 0)
+        # a // b <= a / b: the bound keeps the proof for slices like [::2] of a symbol
+        bound = size.replace(lambda e: isinstance(e, FloorDiv), lambda e: e.args[0] / e.args[1])
+        least = sympy.expand(least + (bound - 1) * stride)
+    return True
 
 
 def _same_strides(a: Layout, b: Layout) -> bool:
