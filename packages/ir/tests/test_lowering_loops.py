@@ -337,3 +337,38 @@ def test_extern_arguments_are_views_not_copies_and_outputs_never_alias_them() ->
     mm, wt = run_program(program, [x, w])
     torch.testing.assert_close(mm, x @ w.t())
     assert wt.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
+
+
+def test_with_effects_calls_the_op_in_order_and_passes_the_token_through() -> None:
+    # AOTAutograd wraps linalg's error checks in with_effects (an effect token in and
+    # out); the lowering rejected such graphs ("only ATen operator overloads").
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        def forward(g: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
+            graphs.append(g)
+            return g
+
+        return aot_module_simplified(gm, inputs, fw_compiler=forward)
+
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    with torch.no_grad():
+        torch.compile(torch.linalg.inv, backend=capture)(a)
+    (gm,) = graphs
+    assert "with_effects" in gm.code
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    verify(program)
+    ops = [n.op for n in program.extern_kernels()]
+    assert ops == [
+        torch.ops.aten.linalg_inv_ex.default,
+        torch.ops.aten._linalg_check_errors.default,
+    ]
+    token, inverse = run_program(program, [torch.empty(0), a])
+    assert token.shape == (0,)
+    torch.testing.assert_close(inverse, torch.linalg.inv(a))
+    with pytest.raises(RuntimeError, match="could not be completed"):
+        run_program(program, [torch.empty(0), torch.zeros(4, 4)])
+    with pytest.raises(LoweringError, match="fallbacks are"):
+        lower_graph(gm, options=LoweringOptions(loops=True, allow_fallback=False))

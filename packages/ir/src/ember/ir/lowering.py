@@ -189,6 +189,8 @@ class GraphLowering:
             raise LoweringError(
                 node.name, str(node.target), f"size {expr} depends on unbound symbols"
             )
+        if node.target is torch.ops.higher_order.with_effects:
+            return self._lower_with_effects(node)
         if not isinstance(node.target, torch._ops.OpOverload):
             raise LoweringError(
                 node.name,
@@ -228,6 +230,44 @@ class GraphLowering:
                 _fallbacks_logged.add(op_name)
                 log.info("no lowering for %s: falling back to the ATen kernel", op_name)
         return self._extern(node, fallback=not intentional)
+
+    def _lower_with_effects(self, node: torch.fx.Node) -> tuple[Any, ...]:
+        """`with_effects(token, op, *args)`: AOTAutograd threads an effect token through
+        ops registered as effectful (the error checks of linalg ops). The op becomes an
+        extern call (a fallback: no op with effects has a lowering), kept in graph order
+        like every extern, and the token passes through: (token, *op's results)."""
+        token, op, *args = node.args
+        if not isinstance(op, torch._ops.OpOverload):
+            raise LoweringError(node.name, str(op), "with_effects around a non-ATen op")
+        op_name = str(op)
+        if not self.options.allow_fallback:
+            raise LoweringError(
+                node.name, op_name, "an op with effects has no lowering and fallbacks are "
+                "disabled (EMBER_FALLBACK=0); enable fallbacks to call it as an ATen op",
+            )  # fmt: skip
+        self.program.fallback_ops.add(op_name)
+        if op_name not in _fallbacks_logged:
+            _fallbacks_logged.add(op_name)
+            log.info("%s has effects: calling the ATen op", op_name)
+        val = node.meta.get("val")
+        results = list(val[1:]) if isinstance(val, (tuple, list)) else []
+        outputs = tuple(Layout.of(v) if isinstance(v, torch.Tensor) else None for v in results)
+        if len(outputs) > 1:
+            raise LoweringError(node.name, op_name, "with_effects around a multi-output op")
+        kernel = ExternKernel(
+            name=self._new_name("buf"),
+            op=op,
+            args=tuple(self._extern_arg(a) for a in args),
+            kwargs=tuple((k, self._extern_arg(v)) for k, v in node.kwargs.items()),
+            outputs=outputs,
+            origin=node.name,
+            fallback=True,
+        )
+        self.add(kernel)
+        if outputs and outputs[0] is not None:
+            self.layouts[kernel.name] = outputs[0]
+        token_value = self._convert(token)
+        return (token_value, BufferRef(kernel.name)) if outputs else (token_value,)
 
     def _check_renderable(self, result: Any) -> None:
         if not self.options.unsupported_ops:
