@@ -655,18 +655,35 @@ def _is_view_op(arg: Any) -> bool:
 
 def _non_overlapping(layout: Layout) -> bool:
     """No two indices share a storage element (dense, or with gaps): strides a kernel
-    can store to in a fresh `empty_strided` buffer."""
+    can store to in a fresh `empty_strided` buffer. Proven for all sizes: each stride,
+    smallest first, reaches past the farthest element the smaller dimensions reach,
+    either exactly (each floor division as an opaque positive integer) or against an
+    upper bound (a // b <= a / b, for slices like [::2] of a symbolic size)."""
     dims = sorted(
         ((st, sz) for st, sz in zip(layout.stride, layout.size, strict=True) if sz != 1),
         key=lambda pair: _hint(pair[0]),
     )
-    least: sympy.Expr = sympy.Integer(1)  # past the farthest element the smaller dims reach
+    divisions = sorted(
+        {e for st, sz in dims for e in (st, sz) for e in sympy.preorder_traversal(e)
+         if isinstance(e, FloorDiv)}, key=str,
+    )  # fmt: skip
+    opaque = {
+        d: sympy.Symbol(f"q{k}", integer=True, positive=True) for k, d in enumerate(divisions)
+    }
+
+    def upper(e: sympy.Expr) -> sympy.Expr:
+        return e.replace(lambda x: isinstance(x, FloorDiv), lambda x: x.args[0] / x.args[1])
+
+    def proven(difference: sympy.Expr) -> bool:
+        return sympy.factor(sympy.expand(difference)).is_nonnegative is True  # t*(s - 1)
+
+    exact: sympy.Expr = sympy.Integer(1)  # past the farthest element the smaller dims reach
+    bound: sympy.Expr = sympy.Integer(1)  # an upper bound of it
     for stride, size in dims:
-        if sympy.factor(stride - least).is_nonnegative is not True:  # s*t - t = t*(s - 1)
+        if not (proven((stride - exact).xreplace(opaque)) or proven(stride - bound)):
             return False
-        # a // b <= a / b: the bound keeps the proof for slices like [::2] of a symbol
-        bound = size.replace(lambda e: isinstance(e, FloorDiv), lambda e: e.args[0] / e.args[1])
-        least = sympy.expand(least + (bound - 1) * stride)
+        exact = sympy.expand(exact + (size - 1) * stride)
+        bound = sympy.expand(bound + (upper(size) - 1) * stride)
     return True
 
 
