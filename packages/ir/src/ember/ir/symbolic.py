@@ -49,7 +49,7 @@ def _exact_divisions(expr: sympy.Basic) -> sympy.Expr:
         exact = sympy.cancel(a / b)
         numerator, denominator = sympy.fraction(exact)
         if denominator == 1 and exact.is_polynomial() and numerator.is_integer:
-            return sympy.expand(exact)  # type: ignore[no-any-return]  # sympy is untyped
+            return sympy.expand(exact)
         return division
 
     def at_least_one(maximum: sympy.Expr) -> sympy.Expr:
@@ -57,7 +57,7 @@ def _exact_divisions(expr: sympy.Basic) -> sympy.Expr:
         if len(rest) == 1 and len(maximum.args) == 2:
             try:
                 if bound_sympy(rest[0]).lower >= 1:
-                    return rest[0]  # type: ignore[no-any-return]  # sympy is untyped
+                    return rest[0]
             except Exception:  # an expression value ranges cannot bound: keep the Max
                 return maximum
         return maximum
@@ -66,7 +66,7 @@ def _exact_divisions(expr: sympy.Basic) -> sympy.Expr:
         expr = expr.replace(lambda e: isinstance(e, FloorDiv), quotient)
     if expr.has(TorchMax) or expr.has(sympy.Max):
         expr = expr.replace(lambda e: isinstance(e, (TorchMax, sympy.Max)), at_least_one)
-    return expr  # type: ignore[return-value]  # sizes are Exprs
+    return expr
 
 
 def is_symbolic(value: Any) -> bool:
