@@ -105,3 +105,38 @@ def test_a_reproducer_runs_standalone_and_passes_when_ember_is_right(tmp_path: P
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "inputs_0 OK" in done.stdout
+
+
+# Seeds whose programs found bugs (kept fixed): 177 wrote past a buffer in a
+# dynamic-shape kernel (`s**3 // s**2` printed without parentheses, heap corruption);
+# 32 and 233 returned selects/strided slices of intermediates with contiguous strides
+# where eager returns views; 401 (a float32 cumsum cast to float64) was judged at
+# float64's tolerance; 1351 and 984 (dynamic) returned contiguous results where eager
+# keeps its input's stride order, the sizes being `s**3 // s**2` and the strides
+# `Max(1, (s + 1)//2)` (ShapeEnv's spellings the IR did not simplify).
+FOUND_BUGS = (177, 32, 233, 401, 1351, 984)
+
+
+def test_seeds_that_found_bugs_pass() -> None:
+    assert [(s, run_program(generate(s))) for s in FOUND_BUGS] == [(s, None) for s in FOUND_BUGS]
+
+
+def test_tolerance_follows_the_least_precise_dtype_computed_through() -> None:
+    from ember.runtime.fuzz.program import Input, Program, Step, least_precise_float
+
+    program = Program(
+        inputs=(Input("x0", ("d0",), "float32"), Input("x1", ("d0",), "int64")),
+        steps=(
+            Step("v0", "torch.cumsum({0}, 0)", ("x0",)),
+            Step("v1", "{0}.to(torch.float64)", ("v0",)),
+            Step("v2", "{0}.to(torch.float64)", ("x1",)),
+            Step("v3", "{0}.to(torch.bfloat16) * {1}", ("v2", "v1")),
+        ),
+        outputs=("v1", "v2", "v3"),
+        sizes=(("d0", 5),),
+    )
+    assert [least_precise_float(program, v) for v in program.outputs] == [
+        "float32",
+        "float64",
+        "bfloat16",
+    ]

@@ -145,3 +145,19 @@ def test_index_printer() -> None:
     assert print_index(FloorDiv(ind, 3), {ind: "t5"}) == "ember::floordiv_i(t5, 3)"
     assert print_index(sympy.Integer(2**40)) == "1099511627776LL"
     assert print_index(s0**2) == "s0*s0"
+
+
+def test_index_printer_parenthesises_a_power_it_divides_by() -> None:
+    # `(s**3)//(s**2)` was printed `s*s*s / s*s` (= s**3): a loop ran s**2 times too far
+    # and a dynamic-shape kernel wrote far outside its buffer (heap corruption).
+    i0 = index_var("i", 0)
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    assert print_index(FloorDiv(s0**3, s0**2)) == "((s0*s0*s0) / (s0*s0))"
+    assert print_index(ModularIndexing(i0, s0**2, s0)) == "((i0 / (s0*s0)) % s0)"
+    assert print_index(sympy.Mod(i0, s0**2)) == "(i0 % (s0*s0))"
+    assert print_index(3 * i0 * s0**2) == "3*i0*s0*s0"
+    for s in (1, 2, 5):
+        value = eval(
+            print_index(FloorDiv(i0 + s0**3, s0**2)).replace("/", "//"), {"i0": 7, "s0": s}
+        )
+        assert value == (7 + s**3) // s**2

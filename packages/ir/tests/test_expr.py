@@ -50,3 +50,18 @@ def test_printer_numbers_shared_nodes_once() -> None:
 
 def test_interpreter_implements_the_whole_ops_protocol() -> None:
     assert set(TORCH_OPS) == set(OP_NAMES)
+
+
+def test_symbolic_sizes_lose_exact_divisions_and_redundant_max() -> None:
+    # ShapeEnv gave `s**3 // s**2` for a view's -1 and `Max(1, (s + 1)//2)` for the
+    # strides of a strided slice: the IR neither matched them with `s` nor printed Max.
+    from torch.utils._sympy.functions import FloorDiv, Max
+
+    from ember.ir.symbolic import _exact_divisions
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    assert _exact_divisions(FloorDiv(s**3, s**2)) == s
+    assert _exact_divisions(3 * FloorDiv(s**2 + s, s)) == 3 * s + 3
+    assert _exact_divisions(FloorDiv(s, 2)) == FloorDiv(s, 2)  # not exact: kept
+    assert _exact_divisions(Max(1, FloorDiv(s + 1, 2))) == FloorDiv(s + 1, 2)
+    assert _exact_divisions(Max(1, s - 1)) == Max(1, s - 1)  # s - 1 may be 0

@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ember.ir import (
     ComputedBuffer,
     ExternKernel,
+    Layout,
     Load,
     LoweringError,
     LoweringOptions,
@@ -108,6 +109,44 @@ def test_reductions_match_eager() -> None:
     check(lambda x: (*torch.var_mean(x, 1, correction=0), x.var(2), x.std()), x)
     check(lambda x: (x.cumsum(1), x.cumprod(-1), torch.arange(5).cumsum(0)), x)
     check(lambda x: (torch.softmax(x, -1), torch.log_softmax(x, 1)), x)
+
+
+def test_reducing_a_0_dim_tensor_is_pointwise_not_a_reduction_over_nothing() -> None:
+    # A Reduction with no reduction ranges ran as a pointwise store of its body in the
+    # codegens: argmax of a 0-dim tensor returned the value (-8), not the index 0.
+    x = torch.tensor(-8.5)
+    program = check(
+        lambda x: (x.argmax(), x.argmin(0), x.max(0), torch.var_mean(x, correction=0), x.sum()),
+        x,
+    )
+    assert not [n for n in computed(program) if isinstance(n.loop, Reduction)]
+    layout = Layout.contiguous(torch.device("cpu"), torch.int64, ())
+    argmax = Reduction((), (), "argmax", Load("x_1", sympy.Integer(0), x.dtype))
+    no_dims = ComputedBuffer("bad", layout, argmax)
+    program.nodes.append(no_dims)
+    with pytest.raises(Exception, match="reduction over no dimension"):
+        verify(program)
+
+
+def _gapped_views(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = x.tanh()
+    return (x / 2).select(2, 0), y, y[:, ::2], (x + 1)[::2, :, 1::2], (x * 3).expand(2, -1, -1, -1)
+
+
+def test_gapped_output_strides_follow_eager_and_overlapping_ones_are_contiguous() -> None:
+    # Eager returns a select or strided slice of an intermediate as a view of it; the
+    # fuzzer saw ember's contiguous buffers instead (a saved activation read by a
+    # backward compiled against the forward's metadata would read the wrong elements).
+    x = torch.randn(5, 4, 6)
+    want = [t.stride() for t in _gapped_views(x)]
+    got = [t.stride() for t in run_program(check(_gapped_views, x), [x], seed=0)]
+    assert got[:4] == want[:4]  # the slice starting at 1 is stored at offset 0
+    assert got[4] == (120, 24, 6, 1)  # expand overlaps: contiguous, never stride 0
+    symbolic = lower(_gapped_views, torch.randn(5, 7, 6), mode="symbolic")
+    layouts = {n.name: n.layout for n in computed(symbolic)}
+    (_, s1, s2) = next(n.layout.size for n in symbolic.inputs if hasattr(n, "layout"))
+    assert layouts[symbolic.outputs[0].name].stride == (s1 * s2, s2)
+    assert layouts[symbolic.outputs[2].name].stride == (s1 * s2, 2 * s2, 1)
 
 
 def test_layer_norm_is_one_welford_reduction() -> None:
@@ -323,3 +362,38 @@ def test_residual_stream_is_stored_not_reread() -> None:
 def _widest_read(program: Program) -> int:
     """The most distinct buffers one computed buffer reads."""
     return max(len(set(node.reads())) for node in computed(program))
+
+
+def test_with_effects_calls_the_op_in_order_and_passes_the_token_through() -> None:
+    # AOTAutograd wraps linalg's error checks in with_effects (an effect token in and
+    # out); the lowering rejected such graphs ("only ATen operator overloads").
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> object:
+        def forward(g: torch.fx.GraphModule, _: object) -> torch.fx.GraphModule:
+            graphs.append(g)
+            return g
+
+        return aot_module_simplified(gm, inputs, fw_compiler=forward)
+
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    with torch.no_grad():
+        torch.compile(torch.linalg.inv, backend=capture)(a)
+    (gm,) = graphs
+    assert "with_effects" in gm.code
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    verify(program)
+    ops = [n.op for n in program.extern_kernels()]
+    assert ops == [
+        torch.ops.aten.linalg_inv_ex.default,
+        torch.ops.aten._linalg_check_errors.default,
+    ]
+    token, inverse = run_program(program, [torch.empty(0), a])
+    assert token.shape == (0,)
+    torch.testing.assert_close(inverse, torch.linalg.inv(a))
+    with pytest.raises(RuntimeError, match="could not be completed"):
+        run_program(program, [torch.empty(0), torch.zeros(4, 4)])
+    with pytest.raises(LoweringError, match="fallbacks are"):
+        lower_graph(gm, options=LoweringOptions(loops=True, allow_fallback=False))

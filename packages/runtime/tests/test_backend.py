@@ -135,6 +135,20 @@ def test_strict_mode_raises_naming_graph_and_stage(monkeypatch: pytest.MonkeyPat
     assert error.stage == "lowering" and "planted lowering failure" in str(error)
 
 
+def test_ops_with_effect_tokens_compile_and_still_check_errors() -> None:
+    # linalg ops' error checks reach ember wrapped in with_effects (an effect token);
+    # the lowering rejected the graph, so strict mode failed and otherwise it ran eagerly.
+    torch._dynamo.reset()
+    start = len(compile_records)
+    with config.scope(strict=True):
+        inv = torch.compile(torch.linalg.inv, backend="ember")
+        a = torch.randn(4, 4) + 4 * torch.eye(4)
+        torch.testing.assert_close(inv(a), torch.linalg.inv(a))
+        with pytest.raises(RuntimeError, match="could not be completed"):
+            inv(torch.zeros(4, 4))
+    assert compile_records[start:] and all(r.ran_eagerly is None for r in compile_records[start:])
+
+
 def test_fallback_disabled_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     with config.scope(fallback=False, strict=True), pytest.raises(Exception) as info:
         torch.compile(lambda x: torch.cummax(x, 0).values * 3, backend="ember")(torch.randn(4))

@@ -139,6 +139,16 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
         (torch.randn(9, 40).to(torch.bfloat16), torch.randn(9, 40).to(torch.bfloat16)),
         False,
     ),
+    "bf16_signbit": (  # alone in its kernel, std::signbit of it crashed GCC 12 (ICE)
+        lambda x: torch.signbit(x),
+        (torch.cat([SPECIAL, -SPECIAL]).to(torch.bfloat16).view(4, -1),),
+        False,
+    ),
+    "zero_dim": (  # reductions of a 0-dim tensor: argmax is 0, not the value
+        lambda x: (x.argmax(), x.argmin(0), x.max(0), torch.var_mean(x, correction=0), x.sum()),
+        (torch.tensor(-8.5),),
+        False,
+    ),
     "half_casts": (
         lambda x: (x.to(torch.bfloat16), x.to(torch.float16), x.to(torch.float64) * 3),
         (SPECIAL,),

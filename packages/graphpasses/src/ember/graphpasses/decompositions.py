@@ -41,6 +41,12 @@ EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
     ),
     aten.native_layer_norm: "layer norm as reductions + pointwise fuses with residual adds",
     aten.native_group_norm: "group norm as reductions + pointwise, same reason",
+    # Found by the OpInfo sweep without fallbacks: ops that reached the IR whole and
+    # whose torch decompositions are ops it lowers (they fuse instead of an ATen call).
+    aten.dist: "the norm of a difference: a reduction over a pointwise body",
+    aten.grid_sampler_2d: "bilinear/nearest sampling as indirect loads and pointwise math",
+    aten.max_pool3d_with_indices: "windowed max and argmax, as the 2d pooling",
+    aten.adaptive_max_pool3d: "windowed max and argmax, as the 2d pooling",
 }
 
 

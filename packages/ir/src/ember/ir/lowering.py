@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import sympy
 import torch
 import torch.fx
+from torch.utils._sympy.functions import FloorDiv
 
 from ember.ir.errors import LoweringError
 from ember.ir.errors import NotLowerable as NotLowerable
@@ -192,6 +193,8 @@ class GraphLowering:
             raise LoweringError(
                 node.name, str(node.target), f"size {expr} depends on unbound symbols"
             )
+        if node.target is torch.ops.higher_order.with_effects:
+            return self._lower_with_effects(node)
         if not isinstance(node.target, torch._ops.OpOverload):
             raise LoweringError(
                 node.name,
@@ -232,6 +235,44 @@ class GraphLowering:
                 log.info("no lowering for %s: falling back to the ATen kernel", op_name)
         return self._extern(node, fallback=not intentional)
 
+    def _lower_with_effects(self, node: torch.fx.Node) -> tuple[Any, ...]:
+        """`with_effects(token, op, *args)`: AOTAutograd threads an effect token through
+        ops registered as effectful (the error checks of linalg ops). The op becomes an
+        extern call (a fallback: no op with effects has a lowering), kept in graph order
+        like every extern, and the token passes through: (token, *op's results)."""
+        token, op, *args = node.args
+        if not isinstance(op, torch._ops.OpOverload):
+            raise LoweringError(node.name, str(op), "with_effects around a non-ATen op")
+        op_name = str(op)
+        if not self.options.allow_fallback:
+            raise LoweringError(
+                node.name, op_name, "an op with effects has no lowering and fallbacks are "
+                "disabled (EMBER_FALLBACK=0); enable fallbacks to call it as an ATen op",
+            )  # fmt: skip
+        self.program.fallback_ops.add(op_name)
+        if op_name not in _fallbacks_logged:
+            _fallbacks_logged.add(op_name)
+            log.info("%s has effects: calling the ATen op", op_name)
+        val = node.meta.get("val")
+        results = list(val[1:]) if isinstance(val, (tuple, list)) else []
+        outputs = tuple(Layout.of(v) if isinstance(v, torch.Tensor) else None for v in results)
+        if len(outputs) > 1:
+            raise LoweringError(node.name, op_name, "with_effects around a multi-output op")
+        kernel = ExternKernel(
+            name=self._new_name("buf"),
+            op=op,
+            args=tuple(self._extern_arg(a) for a in args),
+            kwargs=tuple((k, self._extern_arg(v)) for k, v in node.kwargs.items()),
+            outputs=outputs,
+            origin=node.name,
+            fallback=True,
+        )
+        self.add(kernel)
+        if outputs and outputs[0] is not None:
+            self.layouts[kernel.name] = outputs[0]
+        token_value = self._convert(token)
+        return (token_value, BufferRef(kernel.name)) if outputs else (token_value,)
+
     def _check_renderable(self, result: Any) -> None:
         if not self.options.unsupported_ops:
             return
@@ -263,8 +304,10 @@ class GraphLowering:
 
         AOTAutograd compiles the backward against the forward's fake outputs, and users
         see output strides: a saved `w.t()` must come back with the transposed strides,
-        not as a contiguous copy. Dense (permuted) strides are honoured; overlapping or
-        gapped ones (expand, slices) get a contiguous buffer."""
+        not as a contiguous copy. Dense (permuted) and gapped strides (a select or strided
+        slice of an intermediate: eager returns a view of the whole) are honoured, the
+        buffer spanning the gaps unwritten (at storage offset 0); overlapping ones
+        (expand) get a contiguous buffer."""
         val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
         if self.options.loops and isinstance(arg, torch.fx.Node) and isinstance(val, torch.Tensor):
             lazy = self.env[arg]
@@ -282,7 +325,7 @@ class GraphLowering:
                 isinstance(lazy, LazyTensor)
                 and lazy.realized is None
                 and lazy.size == wanted.size
-                and _dense(wanted)
+                and _non_overlapping(wanted)
                 and self.whole_buffer(lazy) is None
             ):
                 layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -302,7 +345,7 @@ class GraphLowering:
             return value
         wanted = Layout.of(val)
         current = self.layouts.get(value.name)
-        if current is None or not _dense(wanted) or _same_strides(current, wanted):
+        if current is None or not _non_overlapping(wanted) or _same_strides(current, wanted):
             return value
         return self._copy(
             value.name, Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -617,18 +660,38 @@ def _is_view_op(arg: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and returns_view(target)
 
 
-def _dense(layout: Layout) -> bool:
-    """The strides are a permutation of contiguous strides (no gaps, no overlap)."""
+def _non_overlapping(layout: Layout) -> bool:
+    """No two indices share a storage element (dense, or with gaps): strides a kernel
+    can store to in a fresh `empty_strided` buffer. Proven for all sizes: each stride,
+    smallest first, reaches past the farthest element the smaller dimensions reach,
+    either exactly (each floor division as an opaque positive integer) or against an
+    upper bound (a // b <= a / b, for slices like [::2] of a symbolic size)."""
     dims = sorted(
         ((st, sz) for st, sz in zip(layout.stride, layout.size, strict=True) if sz != 1),
         key=lambda pair: _hint(pair[0]),
     )
-    expected: sympy.Expr = sympy.Integer(1)
+    divisions = sorted(
+        {e for st, sz in dims for e in (st, sz) for e in sympy.preorder_traversal(e)
+         if isinstance(e, FloorDiv)}, key=str,
+    )  # fmt: skip
+    opaque = {
+        d: sympy.Symbol(f"q{k}", integer=True, positive=True) for k, d in enumerate(divisions)
+    }
+
+    def upper(e: sympy.Expr) -> sympy.Expr:
+        return e.replace(lambda x: isinstance(x, FloorDiv), lambda x: x.args[0] / x.args[1])
+
+    def proven(difference: sympy.Expr) -> bool:
+        return sympy.factor(sympy.expand(difference)).is_nonnegative is True  # t*(s - 1)
+
+    exact: sympy.Expr = sympy.Integer(1)  # past the farthest element the smaller dims reach
+    bound: sympy.Expr = sympy.Integer(1)  # an upper bound of it
     for stride, size in dims:
-        if sympy.expand(stride - expected) != 0:
+        if not (proven((stride - exact).xreplace(opaque)) or proven(stride - bound)):
             return False
-        expected = expected * size
-    return bool(layout.offset == 0)
+        exact = sympy.expand(exact + (size - 1) * stride)
+        bound = sympy.expand(bound + (upper(size) - 1) * stride)
+    return True
 
 
 def _same_strides(a: Layout, b: Layout) -> bool:

@@ -60,6 +60,8 @@ def reduce(
 ) -> LazyTensor:
     """Store `kind`-reduction of `source` over `dims` (body cast to `dtype`); the
     result has the kept dimensions (plus a trailing 2 for welford)."""
+    if not dims:
+        return _reduce_nothing(source, kind, dtype)
     kept = [d for d in range(source.ndim) if d not in dims]
     ranges = tuple(source.size[d] for d in kept)
     reduced = tuple(source.size[d] for d in dims)
@@ -73,6 +75,31 @@ def reduce(
     layout = Layout.contiguous(source.device, reduction_dtype(kind, dtype), size)
     ref = lowering.store(Reduction(ranges, reduced, kind, body), layout)
     return lowering.tensor(ref)
+
+
+def _reduce_nothing(source: LazyTensor, kind: str, dtype: torch.dtype) -> LazyTensor:
+    """A reduction over no dimension (of a 0-dim tensor) as the pointwise value it is:
+    each result combines exactly one element. No `Reduction` is built: the codegens
+    run one with empty reduction ranges as a pointwise store of its body, which is
+    right for sum/max/any but not for argmax (index 0) or welford (M2 = 0)."""
+    load = source.loader
+    if kind in ("argmax", "argmin"):
+        zero = const(0, torch.int64)
+        return LazyTensor(source.device, torch.int64, source.size, lambda index: zero)
+    if kind != "welford":
+        return LazyTensor(
+            source.device, reduction_dtype(kind, dtype), source.size,
+            lambda index: cast(load(index), dtype),
+        )  # fmt: skip
+
+    def stats(index: Index) -> Node:  # [..., 0] = mean = the element, [..., 1] = M2 = 0
+        *inner, field = index
+        value, zero = cast(load(inner), dtype), const(0, dtype)
+        if isinstance(field, sympy.Integer):
+            return value if field == 0 else zero
+        return Where(op("eq", IndexExpr(field), const(0, torch.int64)), value, zero)
+
+    return LazyTensor(source.device, dtype, (*source.size, sympy.Integer(2)), stats)
 
 
 def keep_dims(value: LazyTensor, dims: Sequence[int], ndim: int, keepdim: bool) -> LazyTensor:

@@ -22,7 +22,7 @@ def as_expr(value: Any) -> sympy.Expr:
     """An int, bool, float or torch Sym* value as a sympy expression."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         expr = value.node.expr
-        return sympy.sympify(expr) if not isinstance(expr, sympy.Basic) else expr
+        return _exact_divisions(sympy.sympify(expr) if not isinstance(expr, sympy.Basic) else expr)
     if isinstance(value, bool):
         return sympy.true if value else sympy.false
     if isinstance(value, int):
@@ -30,6 +30,43 @@ def as_expr(value: Any) -> sympy.Expr:
     if isinstance(value, float):
         return sympy.Float(value)
     raise TypeError(f"cannot make a size expression of {type(value).__name__} {value!r}")
+
+
+def _exact_divisions(expr: sympy.Basic) -> sympy.Expr:
+    """`expr` with floor divisions that divide exactly replaced by their quotient, and
+    `Max(1, e)` by `e` where `e >= 1` for all sizes.
+
+    ShapeEnv leaves `s**3 // s**2` (the -1 of a view when every dimension is one ducked
+    symbol) as is, and contiguous strides of a strided slice as `Max(1, (s + 1)//2)`;
+    the IR then sees a size that is `s` but does not compare equal to it (views and
+    output strides that should match did not), and a `Max` no codegen prints."""
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.functions import Max as TorchMax
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    def quotient(division: sympy.Expr) -> sympy.Expr:
+        a, b = division.args
+        exact = sympy.cancel(a / b)
+        numerator, denominator = sympy.fraction(exact)
+        if denominator == 1 and exact.is_polynomial() and numerator.is_integer:
+            return sympy.expand(exact)
+        return division
+
+    def at_least_one(maximum: sympy.Expr) -> sympy.Expr:
+        rest = [a for a in maximum.args if a != 1]
+        if len(rest) == 1 and len(maximum.args) == 2:
+            try:
+                if bound_sympy(rest[0]).lower >= 1:
+                    return rest[0]
+            except Exception:  # an expression value ranges cannot bound: keep the Max
+                return maximum
+        return maximum
+
+    if expr.has(FloorDiv):
+        expr = expr.replace(lambda e: isinstance(e, FloorDiv), quotient)
+    if expr.has(TorchMax) or expr.has(sympy.Max):
+        expr = expr.replace(lambda e: isinstance(e, (TorchMax, sympy.Max)), at_least_one)
+    return expr
 
 
 def is_symbolic(value: Any) -> bool:

@@ -109,6 +109,8 @@ def _check_loop(
     if isinstance(loop, Reduction):
         if loop.kind not in REDUCTION_KINDS:
             raise VerificationError(f"{where}: unknown reduction {loop.kind!r}")
+        if not loop.reduction_ranges:  # codegens would store the body: wrong for argmax
+            raise VerificationError(f"{where}: {loop.kind} reduction over no dimension")
         variables |= {index_var("r", d) for d in range(len(loop.reduction_ranges))}
     if isinstance(loop, Scatter) and loop.reduce not in SCATTER_REDUCE:
         raise VerificationError(f"{where}: unknown scatter reduction {loop.reduce!r}")

@@ -64,7 +64,8 @@ class _IndexPrinter:
     def _atom(self, expr: sympy.Expr) -> str:
         """`expr` safe to use as an operand of * / %."""
         text = self.show(expr)
-        if isinstance(expr, (sympy.Add, sympy.Mul)) or text.startswith("-"):
+        # A power prints as a product: `x / s**2` must not become `x / s*s`.
+        if isinstance(expr, (sympy.Add, sympy.Mul, sympy.Pow)) or text.startswith("-"):
             return f"({text})"
         return text
 
@@ -82,7 +83,10 @@ class _IndexPrinter:
 
     def _mul(self, expr: sympy.Expr) -> str:
         coefficient, rest = expr.as_coeff_Mul()
-        factors = [self._atom(f) for f in sympy.Mul.make_args(rest)]
+        factors = [
+            self.show(f) if isinstance(f, sympy.Pow) else self._atom(f)
+            for f in sympy.Mul.make_args(rest)
+        ]
         if coefficient == -1:
             return "-" + "*".join(factors)
         if coefficient != 1:

@@ -57,7 +57,7 @@ OP_FORMATS: dict[str, str] = {
     "isnan": "std::isnan({0})",
     "isinf": "std::isinf({0})",
     "isfinite": "std::isfinite({0})",
-    "signbit": "std::signbit({0})",
+    "signbit": "ember::signbit({0})",
     "logical_not": "!{0}",
     # binary, same dtype in and out
     "add": "{0} + {1}",

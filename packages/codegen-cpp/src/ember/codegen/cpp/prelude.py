@@ -212,6 +212,14 @@ template <class T> inline T fmin(T a, T b) {
   else return b < a ? b : a;
 }
 template <class T> inline T sign(T x) { return T((T(0) < x) - (x < T(0))); }
+// The sign bit read from the bits: GCC 12 crashes (internal compiler error) when it
+// vectorises std::signbit of a float widened from bfloat16.
+template <class T> inline bool signbit(T x) {
+  if constexpr (std::is_same_v<T, float>) return (f32_bits(x) >> 31) != 0;
+  else if constexpr (std::is_same_v<T, double>) {
+    uint64_t u; std::memcpy(&u, &x, 8); return (u >> 63) != 0;
+  } else return x < T(0);
+}
 template <class T> inline T abs(T x) {
   if constexpr (std::is_floating_point_v<T>) return std::fabs(x);
   else if constexpr (std::is_signed_v<T>) return x < 0 ? T(-x) : x;

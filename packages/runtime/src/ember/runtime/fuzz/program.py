@@ -75,6 +75,31 @@ class Program:
         return replace(self, steps=tuple(reversed(kept)), inputs=inputs)
 
 
+def least_precise_float(program: Program, name: str) -> str | None:
+    """The least precise floating dtype value `name` is computed through (its inputs'
+    dtypes and the targets of its casts): a float32 sum cast to float64 is only as
+    exact as float32, and is judged at float32's tolerance."""
+    producers = {step.out: step for step in program.steps}
+    dtypes = {i.name: i.dtype for i in program.inputs}
+    found: set[str] = set()
+    pending, seen = [name], set()
+    while pending:
+        value = pending.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        if value in dtypes:
+            found.add(dtypes[value])
+        elif value in producers:
+            found.update(_DTYPE_IN_TEMPLATE.findall(producers[value].template))
+            pending.extend(producers[value].args)
+    floats = [d for d in _PRECISION if d in found]
+    return floats[0] if floats else None
+
+
+_PRECISION = ("bfloat16", "float16", "float32", "float64")  # least precise first
+
+
 def dim_size(key: str, sizes: dict[str, int]) -> int:
     """Size of a dimension key: '1', a base name, or an expression over base names."""
     return int(eval(key, {"__builtins__": {}}, dict(sizes)))

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from ember.runtime.accuracy import compare_outputs
+from ember.runtime.accuracy import compare, tolerance
 from ember.runtime.check import metadata_mismatch
 from ember.runtime.config import config
-from ember.runtime.fuzz.program import Program, build_function, make_inputs
+from ember.runtime.fuzz.program import Program, build_function, least_precise_float, make_inputs
 
 CompileFn = Callable[[Callable[..., Any], bool], Callable[..., Any]]
 
@@ -92,9 +92,13 @@ def _judge(
         meta = metadata_mismatch(a, e)
         if meta is not None and meta.startswith(("dtype", "sizes")):
             return Finding("metadata", f"{where}: output {index} ({name}): {meta}")
-        verdict = compare_outputs(a, e, reference=reference[index])
-        if verdict is not None:
-            comparison, _ = verdict
+        rtol = atol = None
+        computed_in = least_precise_float(program, name)
+        if a.is_floating_point() and computed_in is not None:
+            low, own = tolerance(getattr(torch, computed_in)), tolerance(e.dtype)
+            rtol, atol = max(low[0], own[0]), max(low[1], own[1])
+        comparison = compare(a, e, reference=reference[index], rtol=rtol, atol=atol)
+        if not comparison.ok:
             return Finding("mismatch", f"{where}: output {index} ({name}): {comparison.describe()}")
         if meta is not None:
             return Finding("metadata", f"{where}: output {index} ({name}): {meta}")

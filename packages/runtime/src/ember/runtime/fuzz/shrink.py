@@ -106,14 +106,20 @@ def reproducer_source(program: Program, finding: Finding, device: str = "cpu") -
         actual = compiled(*[t.clone() for t in inputs])
         verdict = compare_outputs(actual, expected, reference=reference)
         problem = "OK" if verdict is None else f"output{{verdict[1]}}: {{verdict[0].describe()}}"
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            meta = metadata_mismatch(a, e)  # dtype, sizes, strides
+            if verdict is None and meta is not None:
+                problem = f"output {{index}}: {{meta}}"
+                break
         print(make.__name__, problem)
-        failed = failed or verdict is not None
+        failed = failed or problem != "OK"
     return 1 if failed else 0
 """
     return (
         header
         + "import sys\n\nimport torch\n\nimport ember.runtime  # registers backend='ember'\n"
         + "from ember.runtime.accuracy import compare_outputs\n"
+        + "from ember.runtime.check import metadata_mismatch\n"
         + "from ember.runtime.fuzz.program import make_input\n\n"
         + f"SEED = {program.seed}\nDEVICE = {device!r}\n\n\n"
         + render_function(program)
