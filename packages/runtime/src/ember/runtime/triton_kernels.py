@@ -287,7 +287,7 @@ class _DirectLaunch:
             or kernel.bounds_arguments
             or compiled is None
             or not hasattr(compiled, "packed_metadata")
-            or _hooks() is None
+            or _hooks_active() is not False
         ):
             return None
         tensors = operands[: launcher._buffers]
@@ -314,8 +314,7 @@ class _DirectLaunch:
             if t.data_ptr() % 16:
                 return False
             pointers.append(t)
-        hooks = _hooks()
-        if hooks is None or hooks != (None, None):
+        if _hooks_active():
             return False
         g0, g1, g2 = self.grid
         self.run(
@@ -330,12 +329,18 @@ def _stream(device: int) -> int:
     return int(torch._C._cuda_getCurrentRawStream(device))
 
 
-def _hooks() -> tuple[Any, Any] | None:
-    """Triton's launch enter/exit hooks, or None where this Triton keeps them elsewhere."""
+def _hooks_active() -> bool | None:
+    """Whether a launch hook (a profiler's) is registered with Triton; None where this
+    Triton keeps its hooks somewhere unknown. Triton 3.6+ holds each hook as a
+    `HookChain`, never None: an empty chain calls nothing, so launching without it
+    is the same launch."""
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
     if runtime is None:
         return None
-    return runtime.launch_enter_hook, runtime.launch_exit_hook
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
 def _aliased(tensors: Sequence[torch.Tensor]) -> bool:
