@@ -307,7 +307,7 @@ class Fuser:
             return None
         index = sympy.expand(self.store_indices[buffer.name].xreplace(mapping))
         member = Member(buffer, kind, inlined, index, over_reduction)
-        return member, self._score(group, buffer)
+        return member, self._score(group, buffer, member.body)
 
     def _members_as_placed(
         self,
@@ -374,8 +374,18 @@ class Fuser:
                 return False  # an extern (or its output) computed after the group starts
         return True
 
-    def _score(self, group: Group, buffer: ComputedBuffer) -> int:
-        members, shared = group.names(), group.loads()
+    def _score(self, group: Group, buffer: ComputedBuffer, placed: Node) -> int:
+        """Bytes kept out of memory: a producer's write and read (vertical), or one
+        read of an input the group already loads at the same index (horizontal). An
+        input the group reads at other indices saves nothing: a row reduction and a
+        column reduction of one square matrix share the buffer but no cache line, and
+        fusing them makes one of them walk the matrix across its rows."""
+        members = group.names()
+        in_group = {
+            (n.buffer, n.index) for m in group.members for n in walk(m.body) if isinstance(n, Load)
+        }
+        here = {(n.buffer, n.index) for n in walk(placed) if isinstance(n, Load)}
+        shared = {name for name, index in here & in_group}
         saved = 0
         for name in set(buffer.reads()):
             if name in members:
