@@ -100,11 +100,11 @@ def _pad(
         return new
 
     def padded(source: object, rows: int, cols: int) -> object:
-        return (
-            call(aten.constant_pad_nd.default, source, [0, cols, 0, rows])
-            if rows or cols
-            else source
-        )
+        """`source` with `cols` zero columns (last dim) and `rows` zero rows (the one
+        before) appended; `rows` must be 0 for a 1-D tensor."""
+        if not (rows or cols):
+            return source
+        return call(aten.constant_pad_nd.default, source, [0, cols] + ([0, rows] if rows else []))
 
     with graph.inserting_before(node):
         args: list[object] = [padded(a_node, pm, pk), padded(b_node, pk, pn)]
@@ -112,16 +112,7 @@ def _pad(
             assert bias is not None
             rows = pm if bias.dim() == 2 and int(bias.shape[0]) == m and m > 1 else 0
             cols = pn if bias.dim() >= 1 and int(bias.shape[-1]) == n and n > 1 else 0
-            bias_arg = (
-                call(
-                    aten.constant_pad_nd.default,
-                    bias_node,
-                    [0, cols] if bias.dim() == 1 else [0, cols, 0, rows],
-                )
-                if rows or cols
-                else bias_node
-            )
-            args.insert(0, bias_arg)
+            args.insert(0, padded(bias_node, rows, cols))
         result = call(node.target, *args)
         if pn:
             result = call(aten.slice.Tensor, result, -1, 0, n)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import json
 import os
 import queue
@@ -35,7 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import torch
+
 from ember.runtime.config import config
+from ember.runtime.loader import load_module
 
 
 @dataclass(frozen=True)
@@ -154,35 +156,42 @@ def _close_all() -> None:
     _workers.clear()
 
 
+def warm_up(
+    fn: Any,
+    dtypes: Sequence[torch.dtype],
+    ints: int,
+    blocks: Sequence[tuple[str, int]],
+    num_warps: int,
+    num_stages: int,
+    device: int,
+) -> None:
+    """Compile the jit function `fn` for one launch config the way a real launch
+    specialises it: 16-byte-aligned pointers of `dtypes`, then `ints` sizes of an
+    int32 value (sizes are never specialised by value), on CUDA device `device`. Both
+    this process and the workers call this, so their cache keys agree."""
+    cuda = torch.device("cuda", device)
+    with torch.cuda.device(cuda):
+        args: list[object] = [torch.empty(16, dtype=d, device=cuda) for d in dtypes]
+        args += [64] * ints
+        fn.warmup(*args, grid=(1,), **dict(blocks), num_warps=num_warps, num_stages=num_stages)
+
+
 def compile_job(job: dict[str, Any]) -> None:
     """In a worker: compile one job into Triton's cache (the binary is discarded)."""
-    import torch
-
-    path = Path(job["path"])  # imported under the name ember.runtime.loader gives it
-    spec = importlib.util.spec_from_file_location(f"ember_generated_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    fn = getattr(module, job["function"])
-    device = torch.device("cuda", job["device"])
-    with torch.cuda.device(device):
-        args: list[object] = [
-            torch.empty(16, dtype=getattr(torch, name), device=device) for name in job["dtypes"]
-        ]
-        args += [64] * job["ints"]
-        blocks = {name: value for name, value in job["blocks"]}
-        fn.warmup(
-            *args,
-            grid=(1,),
-            **blocks,
-            num_warps=job["num_warps"],
-            num_stages=job["num_stages"],
-        )
+    module = load_module(Path(job["path"]), {})  # the module name this process gives it
+    warm_up(
+        getattr(module, job["function"]),
+        [getattr(torch, name) for name in job["dtypes"]],
+        job["ints"],
+        [(name, value) for name, value in job["blocks"]],
+        job["num_warps"],
+        job["num_stages"],
+        job["device"],
+    )
 
 
 def _serve(requests: IO[str], replies: IO[str]) -> None:
-    import torch  # noqa: F401  (imported up front, while the parent is still tracing)
-    import triton  # noqa: F401
+    import triton  # noqa: F401  (imported, like torch, before the parent sends work)
 
     replies.write("ready\n")
     replies.flush()

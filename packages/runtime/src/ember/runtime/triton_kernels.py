@@ -7,9 +7,9 @@ launcher per kernel name. Kernels with identical source share one module and so 
 set of compiled binaries (the same layer repeated twelve times compiles once).
 
 A launcher takes the kernel's buffers as tensors (in `buffer_arguments()` order) and
-its sizes as ints (in `size_arguments()` order). It passes each buffer as its whole
-storage (index expressions are storage offsets), a random seed by value, and launches
-on the current CUDA stream. The first call for a given set of sizes times each
+its sizes as ints (in `size_arguments()` order). It passes each buffer (random seeds
+included: one-element buffers) as its whole storage (index expressions are storage
+offsets) and launches on the current CUDA stream. The first call for a given set of sizes times each
 candidate config briefly and keeps the fastest for the rest of the process; kernels
 that read what they write (or whose tensors alias) are timed on copies.
 
@@ -127,16 +127,15 @@ def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.d
 
 def _warm_up(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
     kernel = launcher.kernel
-    with torch.cuda.device(device):
-        args: list[Any] = [torch.empty(16, dtype=d, device=device) for d in kernel.buffer_dtypes]
-        args += [64] * (len(kernel.size_arguments) + len(kernel.bounds_arguments))
-        launcher.fn.warmup(
-            *args,
-            grid=(1,),
-            **dict(launch_config.blocks),
-            num_warps=launch_config.num_warps,
-            num_stages=launch_config.num_stages,
-        )
+    compile_pool.warm_up(
+        launcher.fn,
+        kernel.buffer_dtypes,
+        len(kernel.size_arguments) + len(kernel.bounds_arguments),
+        launch_config.blocks,
+        launch_config.num_warps,
+        launch_config.num_stages,
+        device.index or 0,
+    )
 
 
 def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
@@ -216,10 +215,13 @@ class TritonLauncher:
         ]
         return operands
 
+    def grid(self, config: LaunchConfig, sizes: list[int]) -> tuple[int, int, int]:
+        return self.kernel.launch_grid(
+            config, dict(zip(self.kernel.size_arguments, sizes, strict=True))
+        )
+
     def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
-        named = dict(zip(self.kernel.size_arguments, sizes, strict=True))
-        grid = self.kernel.launch_grid(config, named)
-        return self.fn[grid](
+        return self.fn[self.grid(config, sizes)](
             *operands,
             **dict(config.blocks),
             num_warps=config.num_warps,
@@ -293,9 +295,8 @@ class _DirectLaunch:
         tensors = operands[: launcher._buffers]
         if not tensors or any(t.data_ptr() % 16 or t.device.type != "cuda" for t in tensors):
             return None
-        named = dict(zip(kernel.size_arguments, sizes, strict=True))
-        grid = kernel.launch_grid(config, named)
         blocks = [value for _, value in config.blocks]
+        grid = launcher.grid(config, sizes)
         direct = _DirectLaunch(compiled, grid, sizes, blocks, tensors[0].device.index or 0)
         try:  # a Triton whose launcher takes other arguments fails here, before launching
             direct.run(

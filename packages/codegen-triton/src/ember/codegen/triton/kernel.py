@@ -80,43 +80,40 @@ def render_kernel(
     The source names buffers by position (`a0_ptr`, ...) and the function by what it
     fuses without the kernel's number (`red_var_mean_add`), so the kernels of a layer
     repeated twelve times render to one source, which the runtime compiles once."""
-    original = kernel
-    kernel = _positional(kernel)
-    plan = plan_kernel(kernel, reduction=reduction)
-    body = BodyRenderer(kernel, plan, debug=debug)
+    positional = _positional(kernel)  # rendered; the launch contract keeps real names
+    plan = plan_kernel(positional, reduction=reduction)
+    body = BodyRenderer(positional, plan, debug=debug)
     scope = Scope()
     setup_axes(plan, body.printer, scope)
     if plan.kind in (POINTWISE, POINTWISE_2D):
-        render_pointwise(kernel, body, scope)
+        render_pointwise(positional, body, scope)
     elif plan.kind == SCATTER:
-        render_scatter(kernel, body, scope)
+        render_scatter(positional, body, scope)
     else:
-        ReductionRenderer(kernel, plan, body).render(scope)
+        ReductionRenderer(positional, plan, body).render(scope)
     function = re.sub(r"^k\d+_", "", sanitize(kernel.name)) or "kernel"
-    params = parameters(kernel, plan, body.bounds_checked)
+    params = parameters(positional, plan, body.bounds_checked)
     header = ["import triton", "import triton.language as tl"]
     if "libdevice" in body.helpers:
         header.append("from triton.language.extra import libdevice")
     helpers = helper_source({h for h in body.helpers if h != "libdevice"})
-    doc = f'    """{_summary(kernel, plan.kind)}"""'
+    doc = f'    """{_summary(positional, plan.kind)}"""'
     source = "\n".join(
         [
             *header,
             helpers,
             "",
-            decorator(kernel, body.bounds_checked, debug),
+            decorator(positional, body.bounds_checked, debug),
             f"def {function}({', '.join(params)}):",
             doc,
             *scope.lines,
             "",
         ]
     )
-    # The launch contract speaks the scheduler's buffer names; only the source is positional.
-    kernel, positional = original, kernel
     by_position = dict(zip(positional.buffer_arguments(), kernel.buffer_arguments(), strict=True))
     written = [m.mutates or m.name for m in kernel.members if m.stored or m.mutates]
     return TritonKernel(
-        name=original.name,
+        name=kernel.name,
         function_name=function,
         source=source,
         kind=plan.kind,
