@@ -20,6 +20,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import ember.runtime  # noqa: F401
+from ember.runtime.backend import partition_fn
 from ember.codegen.triton import TRITON_CHOICES, UNSUPPORTED
 from ember.graphpasses import default_pipeline, ember_decompositions, rewrite_attention_pregrad
 from ember.ir import LoweringOptions, lower_graph
@@ -77,6 +78,7 @@ def main() -> None:
                 bw_compiler=compiler("backward"),
                 inference_compiler=compiler("inference"),
                 decompositions=ember_decompositions(),
+                partition_fn=partition_fn(),
                 keep_inference_input_mutations=True,
             )
             return inner(gm, example_inputs)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.ir import ComputedBuffer, ExternKernel, Program
-from ember.scheduler import Schedule, kernel_bytes, unfused_bytes
+from ember.scheduler import Schedule, kernel_bytes, run_schedule, schedule_program, unfused_bytes
 
 
 def test_softmax_is_one_kernel_reading_its_input_once(
@@ -196,3 +196,45 @@ def test_cnn_block_with_batch_norm_schedule(schedule: Callable[..., Schedule]) -
     # num_batches_tracked += 1; the statistics; the two running-stat updates (input
     # mutations stay alone); normalise + ReLU.
     assert len(train.kernels) == 5, [k.name for k in train.kernels]
+
+
+def embedding_and_bias_grads(
+    x: torch.Tensor, idx: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # the order of GPT-2's backward graph: a column sum, the embedding gradient's
+    # scatter, then the cast of the sum to the output dtype
+    total = x.sum(0)
+    table = torch.zeros(10, 4).index_put((idx,), g, accumulate=True)
+    return table, total.to(torch.float16)
+
+
+def test_a_cast_joins_its_reduction_across_an_unrelated_scatter(
+    lower: Callable[..., Program],
+) -> None:
+    args = (torch.randn(64, 4), torch.randint(0, 10, (12,)), torch.randn(12, 4))
+    program = lower(embedding_and_bias_grads, *args)
+    schedule = schedule_program(program)
+    kinds = [sorted(m.kind for m in k.members) for k in schedule.kernels]
+    assert ["pointwise", "reduction"] in kinds  # sum + cast in one kernel
+    actual = run_schedule(schedule, [a.clone() for a in args])
+    torch.testing.assert_close(actual, list(embedding_and_bias_grads(*args)))
+
+
+def scatter_then_read(x: torch.Tensor, idx: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    total = x.sum(0)
+    table = x.index_put((idx,), g, accumulate=True)
+    return total * table.sum(0)  # reads the scatter's result: stays after it
+
+
+def test_a_read_of_a_scattered_buffer_stays_after_the_scatter(
+    lower: Callable[..., Program],
+) -> None:
+    args = (torch.randn(10, 4), torch.randint(0, 10, (12,)), torch.randn(12, 4))
+    program = lower(scatter_then_read, *args)
+    schedule = schedule_program(program)
+    kinds = [[m.kind for m in k.members] for k in schedule.kernels]
+    scatter = next(i for i, members in enumerate(kinds) if "scatter" in members)
+    after = [kind for members in kinds[scatter + 1 :] for kind in members]
+    assert after.count("reduction") == 1 and "pointwise" in after  # table.sum(0), product
+    actual = run_schedule(schedule, [a.clone() for a in args])
+    torch.testing.assert_close(actual[-1], scatter_then_read(*args))

@@ -77,6 +77,26 @@ def test_row_reduction_partials_are_stored_row_major(lower: Callable[..., Progra
     check(program, schedule, lambda t: t.sum(-1), x)
 
 
+def layer_norm_weight_grad(
+    dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+) -> torch.Tensor:
+    # as in the backward graph: the forward saved the per-row mean and rstd
+    return (dy * ((x - mean[:, None]) * rstd[:, None])).sum(0)
+
+
+def test_row_constants_do_not_turn_a_column_sum_into_row_partials(
+    lower: Callable[..., Program],
+) -> None:
+    # dy and x move across outputs; the per-row mean and rstd are the same for every
+    # output and must not vote for a row-major [outputs, chunks] partial.
+    args = (torch.randn(64, 16), torch.randn(64, 16), torch.randn(64), torch.rand(64) + 0.5)
+    program = lower(layer_norm_weight_grad, *args)
+    schedule = schedule_program(program, SMALL)
+    sizes = [size for _, size in reductions(schedule) if len(size) == 2]
+    assert (4, 16) in sizes and (16, 4) not in sizes  # [chunks, outputs]
+    check(program, schedule, layer_norm_weight_grad, *args)
+
+
 def test_small_and_dynamic_reductions_stay_whole(lower: Callable[..., Program]) -> None:
     small = lower(lambda t: t.sum(0), torch.randn(64, 16))
     assert len(schedule_program(small, GPU).kernels) == 1

@@ -32,6 +32,23 @@ def _compile_kind(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, ki
     return compile_graph(gm, example_inputs, name=kind)
 
 
+def partition_fn() -> Callable[..., Any]:
+    """The forward/backward split for training graphs (`EMBER_PARTITIONER`).
+
+    The default, AOTAutograd's min-cut partitioner, saves for the backward the fewest
+    bytes it can and recomputes the pointwise values in between (a layer norm's
+    normalised input, a GELU's argument) inside the backward's fused kernels. Saving
+    every value instead cost the transformer block's backward a float32 copy of each
+    normalised activation, written by the forward and read back. The min-cut's cost
+    model asks which ops fuse; it is torch's own (written for Inductor), and ember
+    fuses the same pointwise and reduction ops."""
+    from torch._functorch import partitioners
+
+    if config.partitioner == "mincut":
+        return partitioners.min_cut_rematerialization_partition
+    return partitioners.default_partition
+
+
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
     if config.kernels == "auto" and any(
@@ -46,6 +63,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
         decompositions=ember_decompositions(),  # type: ignore[arg-type]  # OpOverload keys
+        partition_fn=partition_fn(),
         # Input mutations stay in the inference graph as copy_ epilogues, which ember
         # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
         keep_inference_input_mutations=True,

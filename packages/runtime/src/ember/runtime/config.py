@@ -114,6 +114,14 @@ KNOBS: dict[str, Knob[Any]] = {
         "imports torch and holds a CUDA context); 0, the default, compiles in threads "
         "here.",
     ),
+    "partitioner": Knob(
+        "EMBER_PARTITIONER",
+        lambda text: _choice(text, ("mincut", "save-all")),
+        lambda: "mincut",
+        "How training graphs split into forward and backward: 'mincut' (default) "
+        "recomputes cheap pointwise values in the backward instead of saving them; "
+        "'save-all' saves every value the backward reads.",
+    ),
     "logs": Knob(
         "EMBER_LOGS",
         lambda text: text.strip().lower(),
@@ -170,6 +178,10 @@ class EmberConfig:
     @property
     def compile_workers(self) -> int:
         return int(self.get("compile_workers"))
+
+    @property
+    def partitioner(self) -> str:
+        return str(self.get("partitioner"))
 
     @property
     def logs(self) -> str:

@@ -206,7 +206,11 @@ class Fuser:
         self.groups: list[Group] = []
         self.group_of: dict[str, Group] = {}
         self.position_of: dict[str, int] = {}
-        self.barriers: list[int] = []  # positions of steps nothing may move across
+        # Steps that write memory other steps may read: (position, buffers written,
+        # as alias roots; None: anything). Nothing reading what a barrier writes may
+        # join a group placed before it.
+        self.barriers: list[tuple[int, frozenset[str] | None]] = []
+        self.alias_root: dict[str, str] = {}  # view -> the buffer it aliases
         self.sizes: dict[str, int] = {}
         self.store_indices: dict[str, sympy.Expr] = {}  # in each buffer's merged loop
 
@@ -225,7 +229,11 @@ class Fuser:
                 self.store_indices[node.name] = index
                 self._place(merged, position)
             elif isinstance(node, ExternKernel) and node.writes_arguments:
-                self.barriers.append(position)
+                self.barriers.append((position, None))
+            elif isinstance(node, ExternKernel) and node.is_view:
+                for read in node.reads():  # a view aliases its tensor argument
+                    self.alias_root[node.name] = self.alias_root.get(read, read)
+                    break
             elif not isinstance(node, (ExternKernel, MultiOutput)):  # pragma: no cover
                 raise TypeError(f"cannot schedule {type(node).__name__}")
         return self.groups
@@ -238,7 +246,8 @@ class Fuser:
             # dimension at all, which no iteration space of a fused kernel can hold.
             self._new_group(buffer, position, closed=True)
             if not degenerate:
-                self.barriers.append(position)
+                written = {buffer.name, *([buffer.mutates] if buffer.mutates else [])}
+                self.barriers.append((position, frozenset(self._root(n) for n in written)))
             return
         best: tuple[int, int, Group, Member] | None = None
         for order, group in enumerate(self.groups):
@@ -357,9 +366,17 @@ class Fuser:
             return None  # chains of inlined producers would be recomputed at every stage
         return result
 
+    def _root(self, name: str) -> str:
+        return self.alias_root.get(name, name)
+
     def _dependencies_allow(self, group: Group, buffer: ComputedBuffer) -> bool:
-        if any(b > group.position for b in self.barriers):
-            return False
+        # Joining `group` moves `buffer` back to the group's place, before any barrier
+        # in between: allowed only when that barrier writes nothing it reads (a bias
+        # gradient's cast may move back across an embedding gradient's scatter).
+        read_roots = {self._root(name) for name in buffer.reads()}
+        for position, written in self.barriers:
+            if position > group.position and (written is None or written & read_roots):
+                return False
         members = group.names()
         for name in buffer.reads():
             if name in members:

@@ -139,14 +139,22 @@ def _final(
 
 def _reads_across_outputs(loop: Reduction) -> bool:
     """True when most loads that move along the row are contiguous along an output
-    dimension instead (a reduction over a leading dimension: a column sum)."""
+    dimension instead (a reduction over a leading dimension: a column sum).
+
+    Loads that no output index reaches (the per-row mean and reciprocal deviation of a
+    layer norm's weight gradient, sum over n of dy[n, c] * (x[n, c] - mean[n]) *
+    rstd[n]) are the same for every output: a worker reads them once per row, so they
+    do not vote. Counting them split that gradient with [outputs, S] partials, whose
+    kernel then read dy and x with a stride of a whole row between neighbours."""
     outer = [index_var("i", k) for k in range(len(loop.ranges))]
     inner = [index_var("r", k) for k in range(len(loop.reduction_ranges))]
     along_row = across = 0
     for node in walk(loop.body):
         if not isinstance(node, Load) or node.indirect:
             continue
-        if not any(node.index.has(r) for r in inner):
+        if not any(node.index.has(r) for r in inner) or not any(
+            node.index.has(v) for v in outer
+        ):
             continue
         if affine_coefficient(node.index, inner[-1]) == 1:
             along_row += 1
