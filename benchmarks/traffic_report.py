@@ -20,10 +20,10 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import ember.runtime  # noqa: F401
-from ember.runtime.backend import partition_fn
 from ember.codegen.triton import TRITON_CHOICES, UNSUPPORTED
 from ember.graphpasses import default_pipeline, ember_decompositions, rewrite_attention_pregrad
 from ember.ir import LoweringOptions, lower_graph
+from ember.runtime.backend import partition_fn
 from ember.runtime.bench.measure import step_fn
 from ember.runtime.bench.registry import MODELS
 from ember.scheduler import kernel_bytes, schedule_program

@@ -96,9 +96,7 @@ def test_triton_kernels_launch_directly_after_the_first_call() -> None:
         for _ in range(3):
             actual = compiled(x)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-    launchers = [
-        o for o in gc.get_objects() if type(o) is TritonLauncher and id(o) not in before
-    ]
+    launchers = [o for o in gc.get_objects() if type(o) is TritonLauncher and id(o) not in before]
     assert launchers, "no Triton launcher ran"
     bound = [
         bool(launcher._direct) and all(d is not None for d in launcher._direct.values())

@@ -152,9 +152,7 @@ def _reads_across_outputs(loop: Reduction) -> bool:
     for node in walk(loop.body):
         if not isinstance(node, Load) or node.indirect:
             continue
-        if not any(node.index.has(r) for r in inner) or not any(
-            node.index.has(v) for v in outer
-        ):
+        if not any(node.index.has(r) for r in inner) or not any(node.index.has(v) for v in outer):
             continue
         if affine_coefficient(node.index, inner[-1]) == 1:
             along_row += 1
