@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,3 +61,28 @@ def test_the_time_limit_ends_the_run_and_records_what_was_not_run() -> None:
     records = run_bench(options)
     assert len(records) == 4
     assert all(r.error == "not run: --time-limit reached" and r.ms is None for r in records)
+
+
+def test_a_prefetched_measurement_waits_for_its_turn_and_can_be_called_off(
+    tmp_path: Path,
+) -> None:
+    """The harness starts the next process early; it must not measure (nor write its
+    record) before 'go', and on 'stop' it exits cleanly without a record."""
+    from ember.runtime.bench.harness import BenchRecord, _finish, _Job, _release, _start
+
+    options = BenchOptions(["mlp"], ["inference"], ["eager"], prefetch=True)
+    jobs = []
+    for name in ("stopped", "measured"):
+        record = BenchRecord("mlp", "inference", "cpu", "float32", "eager")
+        job = _Job(record, MODELS["mlp"], "cold", tmp_path / name / "cold.json")
+        job.out.parent.mkdir()
+        _start(job, options, job.out.parent)
+        jobs.append(job)
+    stopped, measured = jobs
+    assert measured.process is not None and measured.process.poll() is None  # waiting
+    assert not measured.out.exists()
+    _release(stopped, go=False)
+    assert _finish(stopped, 120) == {"error": "cold: exit 0"} and not stopped.out.exists()
+    _release(measured, go=True)
+    result = _finish(measured, 120)
+    assert result["ms"] > 0 and measured.out.exists()

@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=float("inf"), help="seconds in all")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--plot", type=Path, default=None, help="write a speedup chart (PNG)")
+    parser.add_argument(
+        "--prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="start the next measurement's process (imports) during the current one "
+        "(default: on except on the CPU, where it would disturb one-thread timings)",
+    )
     parser.add_argument("--list", action="store_true", help="list the models and exit")
 
 
@@ -87,7 +94,7 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     options = BenchOptions(
         models, modes, backends, args.device, args.dtype, args.runs, args.threads, not args.no_warm,
-        args.timeout, args.time_limit,
+        args.timeout, args.time_limit, args.prefetch,
     )  # fmt: skip
     records = run_bench(options)
     print(format_records(records))
