@@ -44,6 +44,19 @@ def _with_nans(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _extreme_in_every_lane() -> torch.Tensor:
+    """Rows of three 16-lane chunks, row k's maximum in lane k (also tied by a later
+    column in another lane), the last row's NaN in lane 12: the lanes' accumulators
+    fold into one in a tree (lane l takes l + 8, 4, 2, 1), every lane must reach it."""
+    x = torch.randn(17, 48)
+    for k in range(16):
+        x[k, 16 + k] = 10.0
+        x[k, 32 + (k + 5) % 16] = 10.0
+        x[k, 16 + (k + 3) % 16] = -10.0
+    x[16, 28] = NAN
+    return x
+
+
 SPECIAL = torch.tensor([0.0, -0.0, 1.0, -1.5, 2.5, 3.5, 1e-40, -1e-40, 65519.0, 65520.0, 1e30])
 SPECIAL = torch.cat([SPECIAL, torch.tensor([NAN, INF, -INF]), torch.randn(50) * 100])
 
@@ -90,6 +103,11 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
     "arg_ties": (
         lambda x: (x.argmax(-1), x.argmin(0)),
         (torch.randint(0, 3, (6, 40)).float(),),
+        False,
+    ),
+    "lane_tree": (
+        lambda x: (x.amax(1), x.argmax(1), x.argmin(1), x.sum(1), torch.var_mean(x, 1)),
+        (_extreme_in_every_lane(),),
         False,
     ),
     "any_all": (

@@ -34,9 +34,20 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
             }
           }
         }
-        for (int64_t l = 0; l < ember::kLanes; ++l) {
-          s_buf0_0 = ember::maximum(s_buf0_0, l_buf0_0[l]);
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; ++l) {
+          l_buf0_0[l] = ember::maximum(l_buf0_0[l], l_buf0_0[l + 8]);
         }
+        #pragma omp simd
+        for (int64_t l = 0; l < 4; ++l) {
+          l_buf0_0[l] = ember::maximum(l_buf0_0[l], l_buf0_0[l + 4]);
+        }
+        #pragma omp simd
+        for (int64_t l = 0; l < 2; ++l) {
+          l_buf0_0[l] = ember::maximum(l_buf0_0[l], l_buf0_0[l + 2]);
+        }
+        l_buf0_0[0] = ember::maximum(l_buf0_0[0], l_buf0_0[1]);
+        s_buf0_0 = ember::maximum(s_buf0_0, l_buf0_0[0]);
       };
       ember_run(0, 100, a_buf0_0);
     }
@@ -77,9 +88,20 @@ extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const fl
             }
           }
         }
-        for (int64_t l = 0; l < ember::kLanes; ++l) {
-          s_buf1_0 = s_buf1_0 + l_buf1_0[l];
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; ++l) {
+          l_buf1_0[l] = l_buf1_0[l] + l_buf1_0[l + 8];
         }
+        #pragma omp simd
+        for (int64_t l = 0; l < 4; ++l) {
+          l_buf1_0[l] = l_buf1_0[l] + l_buf1_0[l + 4];
+        }
+        #pragma omp simd
+        for (int64_t l = 0; l < 2; ++l) {
+          l_buf1_0[l] = l_buf1_0[l] + l_buf1_0[l + 2];
+        }
+        l_buf1_0[0] = l_buf1_0[0] + l_buf1_0[1];
+        s_buf1_0 = s_buf1_0 + l_buf1_0[0];
       };
       ember_run(0, 100, a_buf1_0);
     }

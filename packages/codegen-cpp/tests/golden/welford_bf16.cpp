@@ -45,9 +45,20 @@ extern "C" void k0_red_var_mean_output(const uint16_t* __restrict__ in_x_1, uint
             }
           }
         }
-        for (int64_t l = 0; l < ember::kLanes; ++l) {
-          ember::welford_combine(s_buf0_0, s_buf0_1, s_buf0_2, l_buf0_0[l], l_buf0_1[l], l_buf0_2[l]);
+        #pragma omp simd
+        for (int64_t l = 0; l < 8; ++l) {
+          ember::welford_combine(l_buf0_0[l], l_buf0_1[l], l_buf0_2[l], l_buf0_0[l + 8], l_buf0_1[l + 8], l_buf0_2[l + 8]);
         }
+        #pragma omp simd
+        for (int64_t l = 0; l < 4; ++l) {
+          ember::welford_combine(l_buf0_0[l], l_buf0_1[l], l_buf0_2[l], l_buf0_0[l + 4], l_buf0_1[l + 4], l_buf0_2[l + 4]);
+        }
+        #pragma omp simd
+        for (int64_t l = 0; l < 2; ++l) {
+          ember::welford_combine(l_buf0_0[l], l_buf0_1[l], l_buf0_2[l], l_buf0_0[l + 2], l_buf0_1[l + 2], l_buf0_2[l + 2]);
+        }
+        ember::welford_combine(l_buf0_0[0], l_buf0_1[0], l_buf0_2[0], l_buf0_0[1], l_buf0_1[1], l_buf0_2[1]);
+        ember::welford_combine(s_buf0_0, s_buf0_1, s_buf0_2, l_buf0_0[0], l_buf0_1[0], l_buf0_2[0]);
       };
       ember_run(0, 8, a_buf0_0, a_buf0_1, a_buf0_2);
     }

@@ -192,7 +192,20 @@ def _build(
         )
         record.kernel_fallback = f"{type(exc).__name__}: {exc}"
         return program, schedule, None
+    if debug is not None:
+        _dump_cpp_source(debug, launchers)
     return program, schedule, launchers
+
+
+def _dump_cpp_source(debug: Path, launchers: dict[str, Launcher]) -> None:
+    """The translation unit of the graph's C++ kernels as `kernels.cpp` (the cache keeps
+    it too, but under a hashed name beside its library)."""
+    from ember.runtime.cpp_kernels import CppKernel
+
+    kernels = [k for k in launchers.values() if isinstance(k, CppKernel)]
+    units = {id(k.unit): k.unit.source.source for k in kernels}
+    if units:
+        _dump(debug, "kernels.cpp", lambda: "\n".join(units.values()))
 
 
 def _devices(gm: torch.fx.GraphModule) -> set[torch.device]:

@@ -91,7 +91,7 @@ KNOBS: dict[str, Knob[Any]] = {
         "EMBER_DEBUG_DIR",
         _parse_path,
         lambda: None,
-        "Directory for graphs before/after passes, IR, schedule and wrapper of each graph.",
+        "Directory for graphs before/after passes, IR, schedule, wrapper and C++ kernels.",
     ),
     "cache_dir": Knob(
         "EMBER_CACHE_DIR",

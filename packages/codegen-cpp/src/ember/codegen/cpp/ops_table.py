@@ -29,7 +29,7 @@ OP_FORMATS: dict[str, str] = {
     "exp": "ember::exp({0})",
     "exp2": "std::exp2({0})",
     "expm1": "std::expm1({0})",
-    "log": "std::log({0})",
+    "log": "ember::log({0})",
     "log2": "std::log2({0})",
     "log10": "std::log10({0})",
     "log1p": "std::log1p({0})",

@@ -141,6 +141,39 @@ inline float exp(float x) {
 }
 inline double exp(double x) { return std::exp(x); }
 
+// log in float, vectorisable (libm's logf is a call per element: log_softmax's
+// epilogue spent 80% of its time there). x = m 2^e with m in [sqrt(1/2), sqrt(2)),
+// read from the bits by integer arithmetic alone (subnormals scaled by 2^23 first);
+// log(m) = f - f^2/2 + f^3 P(f) with f = m - 1 (Cephes' logf polynomial), plus e ln2
+// in two parts (Cody-Waite). ~1 ulp. 0 gives -inf, negatives NaN, inf and NaN pass
+// through. The polynomial is finite for every input, so the special cases are *added*
+// (0 for positive finite x): a select between it and another value makes GCC sink the
+// polynomial into a branch, and a loop with a branch does not vectorise.
+inline float log(float x) {
+  const bool tiny = x < 1.17549435e-38f;  // below the normal range (or not positive)
+  // the offset carries mantissas >= sqrt(2) into the exponent field
+  const uint32_t u = f32_bits(tiny ? x * 8388608.0f : x) + (0x3f800000u - 0x3f3504f3u);
+  const float e = float(int32_t(u >> 23) - (tiny ? 150 : 127));
+  const float f = bits_f32((u & 0x007fffffu) + 0x3f3504f3u) - 1.0f;
+  const float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f + -1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f + -1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f + -1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f + -2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  float y = f * z * p + e * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  const float r = (f + y) + e * 0.693359375f;
+  const float special = x == 0.0f ? -std::numeric_limits<float>::infinity()
+                        : x < 0.0f ? std::numeric_limits<float>::quiet_NaN() : x;
+  return r + ((x > 0.0f) & (x < std::numeric_limits<float>::infinity()) ? 0.0f : special);
+}
+inline double log(double x) { return std::log(x); }
+
 // erf in float, vectorisable: erf(x) = x + x P(x^2) for |x| < 0.921875; above,
 // erf(x) = 1 - exp(-x^2 + Q(|x| - 2.45)), with P and Q least-squares fits (relative
 // error of P, absolute error of Q ~1e-8); 1 from 4 on. Within 2 ulp of torch.
