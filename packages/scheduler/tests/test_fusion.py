@@ -7,8 +7,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
 
-from ember.ir import ComputedBuffer, ExternKernel, Program
+from ember.graphpasses import ember_decompositions
+from ember.ir import ComputedBuffer, ExternKernel, LoweringOptions, Program, lower_graph
 from ember.scheduler import Schedule, kernel_bytes, run_schedule, schedule_program, unfused_bytes
 
 
@@ -238,3 +240,32 @@ def test_a_read_of_a_scattered_buffer_stays_after_the_scatter(
     assert after.count("reduction") == 1 and "pointwise" in after  # table.sum(0), product
     actual = run_schedule(schedule, [a.clone() for a in args])
     torch.testing.assert_close(actual[-1], scatter_then_read(*args))
+
+
+def batch_norm_step(
+    x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor
+) -> torch.Tensor:
+    count.add_(1)
+    return F.batch_norm(x, mean, var, training=True, momentum=0.1)
+
+
+def test_a_group_that_stores_nothing_makes_no_kernel() -> None:
+    """Functionalised `count.add_(1)` realises `count + 1` and then recomputes it in the
+    `copy_` into `count`: that first buffer is read by no one. It made an empty kernel
+    (no arguments), which the Triton launcher could not launch (resnet50 training)."""
+    args = (
+        torch.randn(8, 4, 5, 5),
+        torch.zeros(4),
+        torch.ones(4),
+        torch.zeros((), dtype=torch.int64),
+    )
+    gm = make_fx(
+        torch.func.functionalize(batch_norm_step, remove="mutations_and_views"),
+        decomposition_table=ember_decompositions(),
+    )(*[a.clone() for a in args])
+    program = lower_graph(gm, name="bn", options=LoweringOptions(loops=True))
+    schedule = schedule_program(program)
+    assert schedule.kernels and all(k.members and k.buffer_arguments() for k in schedule.kernels)
+    actual = run_schedule(schedule, [a.clone() for a in args])
+    expected_args = [a.clone() for a in args]
+    torch.testing.assert_close(actual[0], batch_norm_step(*expected_args))

@@ -41,6 +41,12 @@ def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKerne
                     origin=buffer.origin,
                 )
             )
+        if not members:
+            # Nothing stored: every member was inlined into readers elsewhere or is
+            # read by nobody (a batch norm's `num_batches_tracked + 1`, whose `copy_`
+            # back into the input recomputes it). An empty kernel would still be
+            # launched, and a Triton launcher has no tensor to take a device from.
+            continue
         local = {m.name for m in members if m.kind == REDUCTION}
         inputs = sorted(_reads(members) - local)
         kernel = FusedKernel(
