@@ -6,6 +6,7 @@ its decomposition table (what ember lowers from, and `REMAINING_OPS`, what is le
 lower) and its default pipeline. See the package README for the files in order.
 """
 
+from ember.graphpasses.channels_last import channels_last_convolutions
 from ember.graphpasses.constant_folding import fold_constants
 from ember.graphpasses.cse import eliminate_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
@@ -60,6 +61,7 @@ __all__ = [
     "PassReport",
     "PassResult",
     "Pattern",
+    "channels_last_convolutions",
     "check_aten_level",
     "collect_custom_op_profiles",
     "collect_module_call_signatures",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ember.graphpasses.channels_last import channels_last_convolutions
 from ember.graphpasses.constant_folding import DEFAULT_MAX_ELEMENTS, fold_constants
 from ember.graphpasses.cse import eliminate_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
@@ -46,6 +47,7 @@ def default_pipeline(
     passes += [
         compose_permutes,
         pad_matmul(),
+        channels_last_convolutions(),
         eliminate_common_subexpressions,
         fold_constants(max_constant_elements),
         eliminate_dead_code,

@@ -520,6 +520,8 @@ class GraphLowering:
             value.realized, value.borrowed = BufferRef(whole), True
             return value.realized
         layout = Layout.contiguous(value.device, value.dtype, value.size)
+        if value.stride_hint is not None:
+            layout = Layout(value.device, value.dtype, value.size, value.stride_hint)
         value.realized = self.store(Pointwise(value.size, value.body()), layout)
         return value.realized
 
@@ -569,6 +571,13 @@ class GraphLowering:
             return tuple(self._maybe_realize(node, r) for r in result)
         if not isinstance(result, LazyTensor) or result.realized is not None:
             return result
+        val = node.meta.get("val")
+        if _channels_last(val):
+            # Eager keeps channels-last values channels-last (convolutions pick their
+            # kernels by it): when this one is stored, it is stored that way too.
+            layout = Layout.of(val)
+            if layout.size == result.size:
+                result.stride_hint = layout.stride
         cost = result.cost()
         shared = len(node.users) > 1
         if (
@@ -729,3 +738,13 @@ def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _channels_last(val: Any) -> bool:
+    """A 4-D tensor value stored channels-last (and not also plain contiguous)."""
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dim() == 4
+        and val.is_contiguous(memory_format=torch.channels_last)
+        and not val.is_contiguous()
+    )

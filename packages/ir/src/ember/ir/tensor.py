@@ -38,6 +38,9 @@ class LazyTensor:
     realized: BufferRef | None = None
     # True when `realized` is a buffer the value merely reads whole (no copy was made)
     borrowed: bool = False
+    # Strides to store the value with when it is realized, instead of contiguous ones:
+    # set for channels-last values of the graph (see GraphLowering._maybe_realize).
+    stride_hint: tuple[sympy.Expr, ...] | None = None
     _body: Node | None = field(default=None, repr=False)
 
     @property
