@@ -572,7 +572,7 @@ class GraphLowering:
         if not isinstance(result, LazyTensor) or result.realized is not None:
             return result
         val = node.meta.get("val")
-        if _channels_last(val):
+        if isinstance(val, torch.Tensor) and _channels_last(val):
             # Eager keeps channels-last values channels-last (convolutions pick their
             # kernels by it): when this one is stored, it is stored that way too.
             layout = Layout.of(val)
