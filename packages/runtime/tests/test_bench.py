@@ -86,3 +86,25 @@ def test_a_prefetched_measurement_waits_for_its_turn_and_can_be_called_off(
     _release(measured, go=True)
     result = _finish(measured, 120)
     assert result["ms"] > 0 and measured.out.exists()
+
+
+def test_a_timed_out_measurement_is_killed_with_its_children(tmp_path: Path) -> None:
+    """A child that inherited the measurement's stderr (a compile worker) must not keep
+    the harness waiting once the measurement times out."""
+    import time
+
+    from ember.runtime.bench.harness import BenchRecord, _finish, _Job
+
+    script = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "time.sleep(60)"
+    )
+    record = BenchRecord("mlp", "inference", "cpu", "float32", "eager")
+    job = _Job(record, MODELS["mlp"], "cold", tmp_path / "cold.json")
+    job.process = subprocess.Popen(
+        [sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    start = time.perf_counter()
+    assert _finish(job, 2) == {"error": "cold measurement timed out after 2 s"}
+    assert time.perf_counter() - start < 20

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,6 +135,7 @@ def _start(job: _Job, options: BenchOptions, cache: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: a timeout kills its children too
     )
 
 
@@ -148,13 +150,26 @@ def _release(job: _Job, go: bool) -> None:
     job.process.stdin = None  # closed: communicate() must not flush it
 
 
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """Kill a measurement and everything it started (compile workers, ptxas), whose
+    inherited stderr would otherwise keep `communicate` waiting after the kill (the
+    likely reason a GPU run went 10 s past its time limit and lost its table)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
+    try:
+        process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # a child outside the group still holds the pipe
+        pass
+
+
 def _finish(job: _Job, timeout_s: float) -> dict[str, Any]:
     assert job.process is not None
     try:
         _, stderr = job.process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        job.process.kill()
-        job.process.communicate()
+        _kill_group(job.process)
         return {"error": f"{job.phase} measurement timed out after {timeout_s:.0f} s"}
     if job.process.returncode != 0 or not job.out.exists():
         lines = [line for line in stderr.splitlines() if line.strip()]
