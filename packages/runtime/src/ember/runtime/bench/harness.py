@@ -17,6 +17,7 @@ importing process would take the core beside a one-thread timing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -158,10 +159,9 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         process.kill()
-    try:
+    # a child that left the group may still hold the pipe: give up on it after 10 s
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.communicate(timeout=10)
-    except subprocess.TimeoutExpired:  # a child outside the group still holds the pipe
-        pass
 
 
 def _finish(job: _Job, timeout_s: float) -> dict[str, Any]:
