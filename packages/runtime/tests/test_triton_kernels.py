@@ -90,6 +90,18 @@ def _nan_rows(device: str) -> list[Any]:
     return [x.to(device)]
 
 
+def _softmax_edges(device: str) -> list[Any]:
+    """Columns for a looped log_softmax over dim 0: ordinary, with -inf entries, one
+    NaN, all -inf (eager's result is NaN), and a max that keeps growing down the rows
+    (the online sum is rescaled at every step)."""
+    x = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
+    x[::3, 1] = float("-inf")
+    x[17, 2] = float("nan")
+    x[:, 3] = float("-inf")
+    x[:, 4] = torch.linspace(-30.0, 30.0, 300)
+    return [x.to(device)]
+
+
 CASES: dict[str, Case] = {
     "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
     "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),
@@ -106,6 +118,12 @@ CASES: dict[str, Case] = {
         {"reduction": "looped", "atol": 1e-4},
     ),
     "argmax_looped": (lambda x: x.argmax(-1), _nan_rows, {"reduction": "looped"}),
+    # max and sum(exp(x - max)) in one online loop (ember.codegen.triton.reduction)
+    "log_softmax_online": (
+        lambda x: (torch.log_softmax(x * 2, 0), torch.softmax(x, 0)),
+        _softmax_edges,
+        {"reduction": "looped", "atol": 1e-5},
+    ),
     "cat_pad": (
         lambda x, y: torch.nn.functional.pad(torch.cat([x, y], 1), (1, 2)) * 3,
         _args((4, 3), (4, 5)),

@@ -7,6 +7,12 @@ current one (softmax: max | sum | divide), and runs one loop over the row per st
 accumulating per lane in [XBLOCK, RBLOCK] registers and combining across lanes after
 the loop. Members that only use outer values (`over_reduction=False`) run last.
 
+Online softmax: where a stage's max M is followed by a stage holding only the sum of
+exp(x - M) over the same x, both run in one loop, keeping per lane the running max and
+the sum rescaled by exp(old max - new max) whenever the max grows; the lanes merge the
+same way after the loop. A looped softmax then reads its row twice instead of three
+times, a log_softmax's statistics once instead of twice.
+
 Reductions: sum, prod, max/min (NaN propagates, as torch.amax), argmax/argmin (first
 index of the extreme; NaN is the extreme), any/all, and welford (mean and M2; in a
 persistent kernel as two exact passes over the registers, in a looped one with
@@ -21,7 +27,7 @@ from ember.codegen.triton.body import BodyRenderer, Scope, Value, round_low_prec
 from ember.codegen.triton.plan import LOOPED, KernelPlan
 from ember.codegen.triton.printer import UnsupportedKernelError, float_literal, register_type
 from ember.codegen.triton.skeleton import define_variables
-from ember.ir.expr import Load, walk
+from ember.ir.expr import Load, Node, Op, walk
 from ember.ir.loops import reduction_dtype
 from ember.scheduler import FusedKernel, KernelMember
 
@@ -66,9 +72,54 @@ def stages(kernel: FusedKernel) -> tuple[list[list[KernelMember]], list[KernelMe
     return result, tail
 
 
+def online_pairs(
+    loops: list[list[KernelMember]],
+) -> tuple[list[list[KernelMember]], dict[str, KernelMember]]:
+    """Merge each stage holding only `sum(exp(x - M))` into the stage before it, when that
+    stage computes M = max(x) over the same `x` (a float): the stages, and for each such
+    max the name of the sum that now runs online with it."""
+    merged: list[list[KernelMember]] = []
+    partner: dict[str, KernelMember] = {}
+    for stage in loops:
+        previous = merged[-1] if merged else []
+        if len(stage) == 1 and (maximum := _online_max(stage[0], previous)) is not None:
+            previous.append(stage[0])
+            partner[maximum.name] = stage[0]
+            continue
+        merged.append(list(stage))
+    return merged, partner
+
+
+def _online_max(total: KernelMember, stage: list[KernelMember]) -> KernelMember | None:
+    """The max reduction of `stage` that `total` sums exp(x - max) of, if any."""
+    if total.kind != "reduction" or total.reduction != "sum":
+        return None
+    body: Node = total.body
+    if not (isinstance(body, Op) and body.name == "exp" and len(body.args) == 1):
+        return None
+    inner = body.args[0]
+    if not (isinstance(inner, Op) and inner.name == "sub" and len(inner.args) == 2):
+        return None
+    x, subtracted = inner.args
+    if not isinstance(subtracted, Load) or subtracted.mask is not None or subtracted.indirect:
+        return None
+    for m in stage:
+        if (
+            m.kind == "reduction"
+            and m.reduction == "max"
+            and m.name == subtracted.buffer
+            and m.body == x
+            and m.body.dtype.is_floating_point
+            and m.name not in {n.buffer for n in walk(x) if isinstance(n, Load)}
+        ):
+            return m
+    return None
+
+
 class ReductionRenderer:
     def __init__(self, kernel: FusedKernel, plan: KernelPlan, body: BodyRenderer) -> None:
         self.kernel, self.plan, self.body = kernel, plan, body
+        self.online: dict[str, KernelMember] = {}  # looped max -> the sum run with it
         self.sentinel = "2147483647" if plan.index_type == "tl.int32" else str(2**62)
 
     def render(self, scope: Scope) -> None:
@@ -76,6 +127,7 @@ class ReductionRenderer:
         assert row is not None
         if self.plan.kind == LOOPED:
             loops, tail = stages(self.kernel)
+            loops, self.online = online_pairs(loops)
             for number, stage in enumerate(loops):
                 self._loop(number, stage, scope)
             for m in tail:
@@ -156,8 +208,15 @@ class ReductionRenderer:
         define_variables(row, self.body.printer, inner)
         after = Scope(indent=scope.indent)
         finish: list[tuple[KernelMember, list[str]]] = []
+        paired = {p.name for p in self.online.values()}
         for m in stage:
-            if m.kind == "reduction":
+            if m.name in self.online:
+                total = self.online[m.name]
+                results = self._online(m, scope, inner, after)
+                finish += [(m, results[:1]), (total, results[1:])]
+            elif m.name in paired:
+                continue  # accumulated with its max
+            elif m.kind == "reduction":
                 finish.append((m, self._accumulate(m, scope, inner, after)))
             else:
                 self._pointwise(m, inner)
@@ -217,6 +276,35 @@ class ReductionRenderer:
             after.emit(f"{parts} = tl.reduce(({parts}), 1, ember_welford_combine)")
             return [f"{acc}_mean[:, None]", f"{acc}_m2[:, None]"]
         raise UnsupportedKernelError(f"kernel {self.kernel.name}: reduction {kind!r}")
+
+    def _online(self, m: KernelMember, outer: Scope, inner: Scope, after: Scope) -> list[str]:
+        """max(x) and sum(exp(x - max(x))) in one pass: per lane the running max `m` and
+        the sum `s` of exp(x - m), rescaled when m grows. Where old and new max are
+        equal (both -inf before any element) the scale is 1, and a -inf element adds 0,
+        so no exp(-inf - -inf) = NaN enters; a NaN element makes the max NaN and the sum
+        NaN, as the two-pass form would."""
+        self.body.helpers.add("ember_max_combine")
+        value = self.body.render(m.body, inner).name
+        reg = register_type(m.body.dtype)
+        acc = f"{_var(m.name)}_acc"
+        shape = "[XBLOCK, RBLOCK]"
+        minus_inf = float_literal(float("-inf"))
+        outer.emit(f"{acc} = tl.full({shape}, {minus_inf}, {reg})")
+        outer.emit(f"{acc}_sum = tl.full({shape}, 0, tl.float32)")
+        inner.emit(f"{acc}_x = tl.where(xmask & rmask, {value}, {minus_inf})")
+        inner.emit(f"{acc}_new = ember_max_combine({acc}, {acc}_x)")
+        inner.emit(
+            f"{acc}_sum = tl.where({acc} == {acc}_new, {acc}_sum, "
+            f"{acc}_sum * tl.exp({acc} - {acc}_new)) + "
+            f"tl.where({acc}_x == {minus_inf}, 0.0, tl.exp({acc}_x - {acc}_new))"
+        )
+        inner.emit(f"{acc} = {acc}_new")
+        after.emit(f"{acc}_row = tl.reduce({acc}, 1, ember_max_combine)[:, None]")
+        after.emit(
+            f"{acc}_sum = tl.where({acc} == {acc}_row, {acc}_sum, "
+            f"{acc}_sum * tl.exp({acc} - {acc}_row))"
+        )
+        return [f"{acc}_row", f"tl.sum({acc}_sum, 1)[:, None]"]
 
 
 def _any_all(kind: str, flags: str) -> str:
