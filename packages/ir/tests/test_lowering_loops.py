@@ -397,3 +397,25 @@ def test_with_effects_calls_the_op_in_order_and_passes_the_token_through() -> No
         run_program(program, [torch.empty(0), torch.zeros(4, 4)])
     with pytest.raises(LoweringError, match="fallbacks are"):
         lower_graph(gm, options=LoweringOptions(loops=True, allow_fallback=False))
+
+
+def test_float_arange_of_integers_is_an_index_cast_once() -> None:
+    """Small integer bounds: the element is the integer index cast to the result type
+    (no float64 arithmetic per element); large or fractional bounds keep float64."""
+    x = torch.zeros(3000)
+
+    def ranges(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            t + torch.arange(3000, dtype=torch.float32) * 1e-3,
+            t + torch.arange(0.5, 3000.5, 1.0),
+        )
+
+    program = check(ranges, x, rtol=0, atol=0)
+    first, second = format_program(program).split("  buf1:")
+    assert "float64" not in first and "float64" in second  # the fractional range only
+    # bfloat16 above 256 is inexact: rounded once, to nearest, as CUDA's eager arange
+    # (float32 arithmetic) rounds it; the CPU's eager arange is off by a step at times
+    program = lower(lambda t: t + torch.arange(-5, 2995, dtype=torch.bfloat16), x.bfloat16())
+    (actual,) = run_program(program, [x.bfloat16()])
+    expected = torch.arange(-5, 2995, dtype=torch.float64).to(torch.bfloat16)
+    assert torch.equal(actual, expected)

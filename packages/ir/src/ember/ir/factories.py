@@ -97,15 +97,31 @@ def lower_arange(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
         for v in (start_value, step_value)
     )
 
+    size = lowering.out_size(node)
+    # Integer bounds with every value exact in float32: the element is an integer index
+    # cast once to the result type, with no float64 ops per element (softmax_chain's
+    # `arange(n) * 1e-3` ran int -> float64, * 1.0, + 0.0 in its inner loop).
+    exact = _small_integer_range(start_value, step_value, size[0])
+
     def load(index: Index) -> Node:
-        if integral and not val.dtype.is_floating_point:
+        if (integral and not val.dtype.is_floating_point) or exact:
             return cast(IndexExpr(sympy.sympify(start_value + index[0] * step_value)), val.dtype)
         i = cast(IndexExpr(index[0]), torch.float64)
         begin = _node(start_value)
         stride = _node(step_value)
         return cast(op("add", begin, op("mul", i, stride)), val.dtype)
 
-    return LazyTensor(val.device, val.dtype, lowering.out_size(node), load)
+    return LazyTensor(val.device, val.dtype, size, load)
+
+
+def _small_integer_range(start: Any, step: Any, length: sympy.Expr) -> bool:
+    """start + i * step for i < length are integers below 2**24 in magnitude."""
+    if not (isinstance(start, int) and isinstance(step, int)):
+        return False
+    if isinstance(start, bool) or isinstance(step, bool) or not isinstance(length, sympy.Integer):
+        return False
+    last = start + max(int(length) - 1, 0) * step
+    return max(abs(start), abs(last)) < 2**24
 
 
 def _scalar(lowering: GraphLowering, value: Any) -> Any:
