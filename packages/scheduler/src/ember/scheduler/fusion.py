@@ -374,8 +374,8 @@ class Fuser:
         # in between: allowed only when that barrier writes nothing it reads (a bias
         # gradient's cast may move back across an embedding gradient's scatter).
         read_roots = {self._root(name) for name in buffer.reads()}
-        for position, written in self.barriers:
-            if position > group.position and (written is None or written & read_roots):
+        for step, written in self.barriers:
+            if step > group.position and (written is None or written & read_roots):
                 return False
         members = group.names()
         for name in buffer.reads():
