@@ -88,6 +88,35 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
         (torch.randn(3, 40, 50), torch.randn(70, 1000) * 3),
         False,
     ),
+    "transpose_dtypes": (  # register-transposed tiles of 1, 2, 4 and 8-byte elements
+        lambda a, h, d, i, x: (
+            a.t().contiguous(),
+            (h.t() * 2).contiguous(),
+            d.t().contiguous() + 1,
+            i.t().contiguous(),
+            (i.t() % 100).to(torch.int8).contiguous(),
+            (x.t() > 0).contiguous(),
+            x.t().to(torch.bfloat16).contiguous(),
+        ),
+        (
+            torch.randn(40, 70).to(torch.bfloat16),
+            torch.randn(40, 70).to(torch.float16),
+            torch.randn(40, 70, dtype=torch.float64),
+            torch.randint(-(2**40), 2**40, (40, 70)),
+            torch.randn(40, 70),
+        ),
+        False,
+    ),
+    "transpose_stream": (  # outputs over ember::kStreamMin: non-temporal rows, tails
+        lambda x, y: (y + x.t(), (y * x.t()).to(torch.bfloat16)),
+        (torch.randn(1043, 1030), torch.randn(1030, 1043)),
+        False,
+    ),
+    "dynamic_transpose": (  # symbolic sizes and strides: tiles, tails, a runtime stream test
+        lambda x: x.t().contiguous() * 2,
+        (torch.randn(40, 70),),
+        True,
+    ),
     "softmax": (_softmax_epilogue, (torch.randn(4, 6, 8), torch.randn(8), torch.randn(8)), False),
     "layer_norm": (_layer_norm, (torch.randn(16, 100), torch.randn(100), torch.randn(100)), False),
     "sum_axes": (
@@ -200,7 +229,8 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
 
 # Inputs to run dynamic cases with, besides the traced example.
 OTHER_INPUTS = {
-    "dynamic": [(torch.randn(5, 11), torch.randn(11)), (torch.randn(3, 20000), torch.randn(20000))]
+    "dynamic": [(torch.randn(5, 11), torch.randn(11)), (torch.randn(3, 20000), torch.randn(20000))],
+    "dynamic_transpose": [(torch.randn(5, 11),), (torch.randn(1100, 1000),)],
 }
 
 

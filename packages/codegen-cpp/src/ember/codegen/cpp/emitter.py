@@ -44,6 +44,9 @@ class KernelContext:
     pointer_dtypes: dict[str, torch.dtype]  # buffer -> dtype of its parameter
     local_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
     member: str | None = None  # the member being emitted (for error messages)
+    # loads read from elsewhere than their buffer (a transposed stack tile): the
+    # C++ element, in the load's storage type
+    load_overrides: dict[Load, str] = field(default_factory=dict)
     counter: Iterator[int] = field(default_factory=itertools.count)
 
     def error(self, what: str) -> CppRenderError:
@@ -167,6 +170,8 @@ class Emitter:
         if node.buffer in ctx.local_values:
             member, which = ctx.kernel.local_value(node)
             return self._define(node.dtype, ctx.local_values[member.name][which])
+        if node in ctx.load_overrides:
+            return self._define(node.dtype, load_value(node.dtype, ctx.load_overrides[node]))
         names = {
             indirect_var(k): f"static_cast<int64_t>({self._known(n)})"
             for k, n in enumerate(node.indirect)
