@@ -62,6 +62,14 @@ def nested_loops(e: Emitter, variables: Sequence[str], bounds: Sequence[str]) ->
         yield
 
 
+def store_member(e: Emitter, member: KernelMember) -> None:
+    """Compute a pointwise member's body and write it at the member's index."""
+    target = member.mutates or member.name
+    pointer = e.pointer(target, member.dtype)
+    bits = e.stored_bits(member.body, member.dtype)
+    e.line(f"{pointer}[{e.ctx.index(member.index)}] = {bits};")
+
+
 def store(e: Emitter, member: KernelMember, value: str, index: sympy.Expr) -> None:
     """Write a member's computed value at `index` of its storage (or of the storage
     it mutates)."""
@@ -98,7 +106,7 @@ def emit_pointwise(e: Emitter) -> None:
 def _pointwise_body(e: Emitter) -> None:
     for member in e.ctx.kernel.members:
         e.ctx.member = member.name
-        store(e, member, e.value(member.body), member.index)
+        store_member(e, member)
     e.ctx.member = None
 
 

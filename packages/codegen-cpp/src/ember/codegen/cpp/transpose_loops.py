@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import sympy
 
-from ember.codegen.cpp.dtypes import storage_type, store_value
+from ember.codegen.cpp.dtypes import storage_type
 from ember.codegen.cpp.emitter import Emitter
-from ember.codegen.cpp.loops import nested_loops, parallel_clause, size, store
+from ember.codegen.cpp.loops import nested_loops, parallel_clause, size, store_member
 from ember.ir import Load, walk
 from ember.ir.symbolic import index_var, product, static_int
 from ember.scheduler import FusedKernel
@@ -130,7 +130,7 @@ def _partial_tile(e: Emitter, d: int) -> None:
         with e.block(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
             for member in e.ctx.kernel.members:
                 e.ctx.member = member.name
-                store(e, member, e.value(member.body), member.index)
+                store_member(e, member)
             e.ctx.member = None
 
 
@@ -162,8 +162,8 @@ def _full_tile(e: Emitter, d: int, loads: list[Load]) -> None:
             e.ctx.load_overrides = overrides
             for k, member in enumerate(kernel.members):
                 e.ctx.member = member.name
-                value = e.value(member.body)
-                e.line(f"row{k}[{COLS} * a + b] = {store_value(member.dtype, value)};")
+                bits = e.stored_bits(member.body, member.dtype)
+                e.line(f"row{k}[{COLS} * a + b] = {bits};")
             e.ctx.member = None
             e.ctx.load_overrides = {}
         for k, member in enumerate(kernel.members):
