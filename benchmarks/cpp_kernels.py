@@ -62,6 +62,11 @@ def cases(
         "sum(0)": (lambda x: x.sum(0), lambda x: x.sum(0), (x,)),
         "gelu": (lambda x: F.gelu(x), lambda x: F.gelu(x), (x,)),
         "transpose": (lambda x: x.t().contiguous(), lambda x: x.t().contiguous(), (x,)),
+        "transpose bf16": (
+            lambda x: x.t().contiguous(),
+            lambda x: x.t().contiguous(),
+            (x.to(torch.bfloat16),),
+        ),
         "residual add": (lambda x, y: x + y, lambda x, y: x + y, (x, y)),
     }
 
@@ -102,7 +107,7 @@ def main() -> None:
         torch.set_num_threads(options.threads)
     only = {n for n in options.only.split(",") if n}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    header = f"{'kernel':<13} {'MB':>6} {'eager ms':>9} {'inductor ms':>11} {'ember ms':>9}"
+    header = f"{'kernel':<14} {'MB':>6} {'eager ms':>9} {'inductor ms':>11} {'ember ms':>9}"
     header += f" {'kernel ms':>9} {'memcpy ms':>9} {'of memcpy':>9} {'vs eager':>8}"
     header += f" {'vs ind':>7} {'kernels':>7}"
     header += f" {'trace+sched s':>13} {'compile s':>9} {'ind cold s':>10}"
@@ -164,7 +169,7 @@ def main() -> None:
             inductor_ms = timed(run_inductor, options.repeat)
             versus = inductor_ms / ember_ms
         print(
-            f"{name:<13} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {inductor_ms:>11.2f} {ember_ms:>9.2f}"
+            f"{name:<14} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {inductor_ms:>11.2f} {ember_ms:>9.2f}"
             f" {kernel_ms:>9.2f} {memcpy_ms:>9.2f} {memcpy_ms / kernel_ms:>9.0%}"
             f" {eager_ms / ember_ms:>7.2f}x"
             f" {versus:>6.2f}x {len(kernels):>7} {frontend:>13.2f} {compile_seconds:>9.2f}"

@@ -26,6 +26,7 @@ from ember.codegen.cpp.dtypes import (
     load_value,
     round_to,
     storage_type,
+    store_value,
 )
 from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.indexing import IndexPrintError, print_index
@@ -44,6 +45,9 @@ class KernelContext:
     pointer_dtypes: dict[str, torch.dtype]  # buffer -> dtype of its parameter
     local_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
     member: str | None = None  # the member being emitted (for error messages)
+    # loads read from elsewhere than their buffer (a transposed stack tile): the
+    # C++ element, in the load's storage type
+    load_overrides: dict[Load, str] = field(default_factory=dict)
     counter: Iterator[int] = field(default_factory=itertools.count)
 
     def error(self, what: str) -> CppRenderError:
@@ -162,11 +166,25 @@ class Emitter:
         const = "" if name.startswith("out_") else "const "
         return f"reinterpret_cast<{const}{storage_type(dtype)}*>({name})"
 
-    def _load(self, node: Load) -> str:
+    def stored_bits(self, body: Node, dtype: torch.dtype) -> str:
+        """C++ for the stored bits of `body` computed as `dtype`. A half-typed load
+        stored as its own dtype copies its bits, as torch's copies do: no conversion
+        through float, and a NaN keeps its sign and payload."""
+        if (
+            isinstance(body, Load)
+            and body.dtype == dtype
+            and dtype in HALF_TYPES
+            and body.mask is None
+            and body.buffer not in self.ctx.local_values
+        ):
+            return self._element(body)
+        return store_value(dtype, self.value(body))
+
+    def _element(self, node: Load) -> str:
+        """The stored element a direct load reads (its storage type, unconverted)."""
         ctx = self.ctx
-        if node.buffer in ctx.local_values:
-            member, which = ctx.kernel.local_value(node)
-            return self._define(node.dtype, ctx.local_values[member.name][which])
+        if node in ctx.load_overrides:
+            return ctx.load_overrides[node]
         names = {
             indirect_var(k): f"static_cast<int64_t>({self._known(n)})"
             for k, n in enumerate(node.indirect)
@@ -182,7 +200,14 @@ class Emitter:
             self.line(check)
             self.raw("#endif")
             index = index_name
-        element = load_value(node.dtype, f"{self.pointer(node.buffer, node.dtype)}[{index}]")
+        return f"{self.pointer(node.buffer, node.dtype)}[{index}]"
+
+    def _load(self, node: Load) -> str:
+        ctx = self.ctx
+        if node.buffer in ctx.local_values:
+            member, which = ctx.kernel.local_value(node)
+            return self._define(node.dtype, ctx.local_values[member.name][which])
+        element = load_value(node.dtype, self._element(node))
         if node.mask is not None:
             other = literal(node.other, node.dtype, ctx.kernel.name)
             element = f"{self._known(node.mask)} ? {element} : {other}"

@@ -3,8 +3,7 @@
 Pointwise kernels run their outer dimensions in parallel (one OpenMP `parallel for`,
 collapsed over the dimensions and over blocks of the innermost one, skipped when the
 work is too small to pay for waking threads) and the innermost dimension as a
-contiguous `omp simd` loop. Where a load is contiguous along an outer dimension instead
-(a transpose), that dimension and the innermost one run in square tiles. Scatter
+contiguous `omp simd` loop (transposes are in ember.codegen.cpp.transpose_loops). Scatter
 kernels store at a data-dependent index: in parallel with atomics when the combination
 is a plain store or a sum of a native type, sequentially otherwise (correctness
 first). Reduction kernels are in
@@ -21,13 +20,10 @@ import torch
 
 from ember.codegen.cpp.dtypes import HALF_TYPES, load_value, store_value
 from ember.codegen.cpp.emitter import Emitter
-from ember.ir import Load, walk
-from ember.ir.symbolic import index_var, indirect_var, product, static_int
-from ember.scheduler import FusedKernel, KernelMember
-from ember.scheduler.indexing import affine_coefficient
+from ember.ir.symbolic import indirect_var, product, static_int
+from ember.scheduler import KernelMember
 
 BLOCK = 1024  # elements of the innermost dimension per parallel work item
-TILE = 32  # side of the square tiles of transpose-like pointwise loops
 PARALLEL_MIN = 32768  # ember::kParallelMin: less work than this runs on one thread
 
 
@@ -39,18 +35,23 @@ def work(e: Emitter, ranges: Sequence[sympy.Expr]) -> str:
     return size(e, sympy.expand(product(ranges))) if ranges else "1"
 
 
+def parallel_clause(e: Emitter, ranges: Sequence[sympy.Expr], extra: str = "") -> str | None:
+    """None when the work is statically too small for threads, else what follows
+    `#pragma omp parallel [for]`: nothing, or a runtime `if` when the work is symbolic."""
+    total = static_int(sympy.expand(product(ranges))) if ranges else 1
+    if total is not None and total < PARALLEL_MIN:
+        return None
+    return "" if total is not None else f" if({work(e, ranges)}{extra} >= ember::kParallelMin)"
+
+
 def parallel_pragma(e: Emitter, ranges: Sequence[sympy.Expr], loops: int, extra: str = "") -> None:
     """`#pragma omp parallel for` over the next `loops` loops, unless the work is
     statically small; with a runtime `if` when it is symbolic."""
-    if loops == 0:
+    clause = parallel_clause(e, ranges, extra)
+    if loops == 0 or clause is None:
         return
-    total = static_int(sympy.expand(product(ranges))) if ranges else 1
-    if total is not None and total < PARALLEL_MIN:
-        return
-    pragma = "#pragma omp parallel for" + (f" collapse({loops})" if loops > 1 else "")
-    if total is None:
-        pragma += f" if({work(e, ranges)}{extra} >= ember::kParallelMin)"
-    e.line(pragma)
+    collapse = f" collapse({loops})" if loops > 1 else ""
+    e.line(f"#pragma omp parallel for{collapse}{clause}")
 
 
 @contextmanager
@@ -61,6 +62,14 @@ def nested_loops(e: Emitter, variables: Sequence[str], bounds: Sequence[str]) ->
         yield
 
 
+def store_member(e: Emitter, member: KernelMember) -> None:
+    """Compute a pointwise member's body and write it at the member's index."""
+    target = member.mutates or member.name
+    pointer = e.pointer(target, member.dtype)
+    bits = e.stored_bits(member.body, member.dtype)
+    e.line(f"{pointer}[{e.ctx.index(member.index)}] = {bits};")
+
+
 def store(e: Emitter, member: KernelMember, value: str, index: sympy.Expr) -> None:
     """Write a member's computed value at `index` of its storage (or of the storage
     it mutates)."""
@@ -69,42 +78,12 @@ def store(e: Emitter, member: KernelMember, value: str, index: sympy.Expr) -> No
     e.line(f"{pointer}[{e.ctx.index(index)}] = {store_value(member.dtype, value)};")
 
 
-def transposed_dim(kernel: FusedKernel) -> int | None:
-    """The outer dimension along which some load is contiguous while the stores are
-    contiguous along the innermost one (a transpose), or None."""
-    count = len(kernel.ranges)
-    if count < 2:
-        return None
-    last = index_var("i", count - 1)
-    if any(affine_coefficient(m.index, last) != 1 for m in kernel.members):
-        return None
-    for d in range(count - 1):
-        sizes = (static_int(kernel.ranges[d]), static_int(kernel.ranges[-1]))
-        if any(s is not None and s < TILE for s in sizes):
-            continue
-        var = index_var("i", d)
-        for member in kernel.members:
-            for node in walk(member.body):
-                if (
-                    isinstance(node, Load)
-                    and not node.indirect
-                    and affine_coefficient(node.index, var) == 1
-                    and affine_coefficient(node.index, last) != 1
-                ):
-                    return d
-    return None
-
-
 def emit_pointwise(e: Emitter) -> None:
     kernel = e.ctx.kernel
     ranges = kernel.ranges
     count = len(ranges)
     if count == 0:
         _pointwise_body(e)
-        return
-    tiled = transposed_dim(kernel)
-    if tiled is not None:
-        _emit_tiled(e, tiled)
         return
     last = static_int(ranges[-1])
     blocked = last is None or last > BLOCK
@@ -124,34 +103,10 @@ def emit_pointwise(e: Emitter) -> None:
                 _pointwise_body(e)
 
 
-def _emit_tiled(e: Emitter, d: int) -> None:
-    """A transpose-like loop nest: TILE x TILE tiles of dimensions `d` and the innermost
-    one, so the lines read along `d` and written along the innermost dimension are all
-    used while they are in L1 (row by row, the strided side touches a new line per
-    element and each line is reloaded TILE times from memory)."""
-    ranges = e.ctx.kernel.ranges
-    count = len(ranges)
-    bounds = [size(e, r) for r in ranges]
-    others = [k for k in range(count - 1) if k != d]
-    parallel_pragma(e, ranges, len(others) + 2)
-    with (
-        nested_loops(e, [f"i{k}" for k in others], [bounds[k] for k in others]),
-        e.block(f"for (int64_t jb = 0; jb < {bounds[d]}; jb += {TILE})"),
-        e.block(f"for (int64_t ib = 0; ib < {bounds[-1]}; ib += {TILE})"),
-    ):
-        e.line(f"const int64_t je = std::min<int64_t>(jb + {TILE}, {bounds[d]});")
-        e.line(f"const int64_t ie = std::min<int64_t>(ib + {TILE}, {bounds[-1]});")
-        inner = f"i{count - 1}"
-        with e.block(f"for (int64_t i{d} = jb; i{d} < je; ++i{d})"):
-            e.line("#pragma omp simd")
-            with e.block(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
-                _pointwise_body(e)
-
-
 def _pointwise_body(e: Emitter) -> None:
     for member in e.ctx.kernel.members:
         e.ctx.member = member.name
-        store(e, member, e.value(member.body), member.index)
+        store_member(e, member)
     e.ctx.member = None
 
 

@@ -33,7 +33,7 @@ import sympy
 
 from ember.codegen.cpp.dtypes import round_to
 from ember.codegen.cpp.emitter import Emitter
-from ember.codegen.cpp.loops import nested_loops, parallel_pragma, size, store, work
+from ember.codegen.cpp.loops import nested_loops, parallel_pragma, size, store, store_member, work
 from ember.codegen.cpp.reductions import ReductionRule, reduction_rule
 from ember.ir import Load, Node, Op, walk
 from ember.ir.symbolic import index_var, product, static_int
@@ -429,7 +429,7 @@ class ReductionEmitter:
     def _outer_bodies(self, members: list[KernelMember]) -> None:
         for member in members:
             self.e.ctx.member = member.name
-            store(self.e, member, self.e.value(member.body), member.index)
+            store_member(self.e, member)
         self.e.ctx.member = None
 
 

@@ -21,6 +21,7 @@ from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
 from ember.codegen.cpp.prelude import PRELUDE
 from ember.codegen.cpp.reduction_loops import ReductionEmitter
+from ember.codegen.cpp.transpose_loops import emit_transposed, transposed_dim
 from ember.scheduler import FusedKernel
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -87,6 +88,8 @@ def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
         emit_scatter(e)
     elif kernel.is_reduction:
         ReductionEmitter(e).emit()
+    elif (d := transposed_dim(kernel)) is not None:
+        emit_transposed(e, d)
     else:
         emit_pointwise(e)
     params = ", ".join(
