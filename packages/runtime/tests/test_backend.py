@@ -244,3 +244,15 @@ def test_channels_last_values_are_stored_channels_last() -> None:
     # channels-last, like the values in eager; none is NCHW
     assert "empty_strided([2, 16, 12, 12], [2304, 1, 192, 16]" in source
     assert "[2304, 144, 12, 1]" not in source
+
+
+def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:
+    from torch._functorch import partitioners
+
+    from ember.runtime.backend import partition_fn
+
+    with config.scope(partitioner="auto"):
+        assert partition_fn("cuda") is partitioners.min_cut_rematerialization_partition
+        assert partition_fn("cpu") is partitioners.default_partition
+    with config.scope(partitioner="mincut"):
+        assert partition_fn("cpu") is partitioners.min_cut_rematerialization_partition

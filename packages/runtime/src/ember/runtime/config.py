@@ -116,11 +116,12 @@ KNOBS: dict[str, Knob[Any]] = {
     ),
     "partitioner": Knob(
         "EMBER_PARTITIONER",
-        lambda text: _choice(text, ("mincut", "save-all")),
-        lambda: "mincut",
-        "How training graphs split into forward and backward: 'mincut' (default) "
-        "recomputes cheap pointwise values in the backward instead of saving them; "
-        "'save-all' saves every value the backward reads.",
+        lambda text: _choice(text, ("auto", "mincut", "save-all")),
+        lambda: "auto",
+        "How training graphs split into forward and backward: 'mincut' recomputes cheap "
+        "pointwise values in the backward instead of saving them; 'save-all' saves every "
+        "value the backward reads; 'auto' (default): mincut for CUDA graphs, save-all "
+        "for CPU ones.",
     ),
     "logs": Knob(
         "EMBER_LOGS",
