@@ -75,8 +75,7 @@ def test_a_prefetched_measurement_waits_for_its_turn_and_can_be_called_off(
     for name in ("stopped", "measured"):
         record = BenchRecord("mlp", "inference", "cpu", "float32", "eager")
         job = _Job(record, MODELS["mlp"], "cold", tmp_path / name / "cold.json")
-        job.out.parent.mkdir()
-        _start(job, options, job.out.parent)
+        _start(job, options)
         jobs.append(job)
     stopped, measured = jobs
     assert measured.process is not None and measured.process.poll() is None  # waiting

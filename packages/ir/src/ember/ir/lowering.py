@@ -740,11 +740,10 @@ def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
     return obj
 
 
-def _channels_last(val: Any) -> bool:
+def _channels_last(val: torch.Tensor) -> bool:
     """A 4-D tensor value stored channels-last (and not also plain contiguous)."""
     return (
-        isinstance(val, torch.Tensor)
-        and val.dim() == 4
+        val.dim() == 4
         and val.is_contiguous(memory_format=torch.channels_last)
         and not val.is_contiguous()
     )

@@ -231,9 +231,9 @@ class Fuser:
             elif isinstance(node, ExternKernel) and node.writes_arguments:
                 self.barriers.append((position, None))
             elif isinstance(node, ExternKernel) and node.is_view:
-                for read in node.reads():  # a view aliases its tensor argument
-                    self.alias_root[node.name] = self.alias_root.get(read, read)
-                    break
+                source = next(node.reads(), None)  # a view aliases its tensor argument
+                if source is not None:
+                    self.alias_root[node.name] = self._root(source)
             elif not isinstance(node, (ExternKernel, MultiOutput)):  # pragma: no cover
                 raise TypeError(f"cannot schedule {type(node).__name__}")
         return self.groups

@@ -115,8 +115,11 @@ class _Job:
     process: subprocess.Popen[str] | None = None
 
 
-def _start(job: _Job, options: BenchOptions, cache: Path) -> None:
-    """Start the measurement process; it imports, then waits for 'go' on stdin."""
+def _start(job: _Job, options: BenchOptions) -> None:
+    """Start the measurement process; it imports, then waits for 'go' on stdin. Its
+    cache directories sit beside its record (the warm phase reuses the cold one's)."""
+    cache = job.out.parent
+    cache.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
         EMBER_CACHE_DIR=str(cache / "ember"),
@@ -213,30 +216,23 @@ def run_bench(options: BenchOptions) -> list[BenchRecord]:
 def _run_jobs(jobs: list[_Job], options: BenchOptions) -> None:
     progress = Progress(len(jobs))
     start = time.perf_counter()
-
-    def cache(job: _Job) -> Path:
-        return job.out.parent
-
     for number, job in enumerate(jobs):
         left = options.time_limit_s - (time.perf_counter() - start)
-        if job.process is None:
-            cache(job).mkdir(parents=True, exist_ok=True)
-            if left >= 5:
-                _start(job, options, cache(job))
-        following = jobs[number + 1] if number + 1 < len(jobs) else None
         if left < 5:
             job.record.error = job.record.error or "not run: --time-limit reached"
-            if job.process is not None:
+            if job.process is not None:  # prefetched: let it exit unmeasured
                 _release(job, go=False)
                 job.process.communicate()
             progress.done += 1
             continue
+        if job.process is None:
+            _start(job, options)
         record = job.record
         progress.show(f"{record.model} {record.mode} {record.backend} ({job.phase})")
         _release(job, go=True)
+        following = jobs[number + 1] if number + 1 < len(jobs) else None
         if options.prefetching and following is not None:
-            cache(following).mkdir(parents=True, exist_ok=True)
-            _start(following, options, cache(following))
+            _start(following, options)
         result = _finish(job, min(options.timeout_s, left))  # the limit bounds the run
         progress.done += 1
         _merge(record, job.phase, result)
