@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks in one device call: the CUDA tests, then whichever measurements are named.
-#   bash benchmarks/gpu_checks.sh [tests] [demo] [kernels] [profile:MODELS] [bench:MODELS:SECONDS]
+#   bash benchmarks/gpu_checks.sh [tests] [demo] [kernels] [profile:MODELS] [bench:MODELS:SECONDS[:MODES]]
 # Logs go to $OUT (or ./gpu_out); a short summary of each part is printed last.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -18,9 +18,12 @@ for part in "$@"; do
     profile:*) python3 benchmarks/compile_profile.py --device cuda --models "${part#profile:}" \
                  >"$OUT/profile.log" 2>&1
                summary+=("profile: rc=$?") ;;
-    bench:*) spec=${part#bench:}; models=${spec%%:*}; limit=${spec##*:}
+    bench:*) IFS=: read -r _ models limit modes <<<"$part"
+             # file names without commas: the device tool returns only plain names
+             tag=${models//,/_}
              python3 -m ember.runtime.cli bench --device cuda --models "$models" --no-warm \
-               --time-limit "$limit" --json "$OUT/bench-$models.json" >"$OUT/bench-$models.log" 2>&1
+               --modes "${modes:-inference,train}" --time-limit "$limit" \
+               --json "$OUT/bench-$tag.json" >"$OUT/bench-$tag.log" 2>&1
              summary+=("bench $models: rc=$?") ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

@@ -246,6 +246,41 @@ def test_channels_last_values_are_stored_channels_last() -> None:
     assert "[2304, 144, 12, 1]" not in source
 
 
+class PoolBlock(torch.nn.Module):
+    """A convolution on an explicitly channels-last copy of its input, then pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x.contiguous(memory_format=torch.channels_last))
+        return self.conv2(torch.nn.functional.max_pool2d(torch.relu(y), 3, 2, 1))
+
+
+def test_channels_last_copies_and_pooling_keep_the_layout() -> None:
+    """A channels-last copy of an NCHW input is made (not passed to the convolution as
+    the NCHW buffer it reads, which the convolution would then turn into NCHW
+    output), and max pooling of a channels-last value is stored channels-last, as in
+    eager: no NCHW buffer of either shape, and eager's numbers and output strides."""
+    model = PoolBlock().eval()
+    x = torch.randn(2, 3, 12, 12)
+    start = len(compile_records)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model(x)
+        actual = torch.compile(model, backend="ember")(x)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    assert actual.stride() == expected.stride()
+    (record,) = compile_records[start:]
+    assert record.wrapper_path is not None
+    source = record.wrapper_path.read_text()
+    assert "empty_strided([2, 3, 12, 12], [432, 1, 36, 3]" in source  # the copy
+    assert "empty_strided([2, 16, 6, 6], [576, 1, 96, 16]" in source  # the pooled value
+    assert "[576, 36, 6, 1]" not in source and "[432, 144, 12, 1], 0)" not in source
+
+
 def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:
     from torch._functorch import partitioners
 

@@ -269,3 +269,24 @@ def test_a_group_that_stores_nothing_makes_no_kernel() -> None:
     actual = run_schedule(schedule, [a.clone() for a in args])
     expected_args = [a.clone() for a in args]
     torch.testing.assert_close(actual[0], batch_norm_step(*expected_args))
+
+
+def test_channels_last_pointwise_runs_in_storage_order(
+    lower: Callable[..., Program], schedule: Callable[..., Schedule]
+) -> None:
+    """A channels-last [N, C, H, W] output is iterated as [N, H, W, C]: the loop order
+    follows the store's strides, so the loop merges into one contiguous range and
+    neighbouring points store neighbouring elements (not 2*C bytes apart)."""
+    x = torch.randn(2, 8, 5, 6).to(memory_format=torch.channels_last)
+    b = torch.randn(8, 1, 1)
+
+    def f(t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.relu(t * 2.0 + bias)
+
+    (kernel,) = schedule(f, x, b).kernels
+    (stored,) = [m for m in kernel.members if m.stored]
+    assert kernel.ranges == (60, 8)  # [N*H*W, C]: C innermost, as stored
+    assert str(stored.index) in ("8*i0 + i1", "i1 + 8*i0")
+    program = lower(f, x, b)
+    (actual,) = run_schedule(schedule_program(program), [x, b])
+    torch.testing.assert_close(actual, f(x, b))

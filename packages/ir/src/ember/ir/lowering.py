@@ -443,6 +443,8 @@ class GraphLowering:
             return None
         if any(c.is_number and c < 0 for c in (*strides, offset)):
             return None
+        if value.stride_hint is not None and tuple(strides) != tuple(value.stride_hint):
+            return None  # asked for another layout (a channels-last clone): store it so
         view = ExternKernel(
             name=self._new_name("buf"),
             op=torch.ops.aten.as_strided.default,
@@ -525,6 +527,21 @@ class GraphLowering:
         value.realized = self.store(Pointwise(value.size, value.body()), layout)
         return value.realized
 
+    def node_layout(
+        self, device: torch.device, dtype: torch.dtype, size: tuple[sympy.Expr, ...]
+    ) -> Layout:
+        """The layout to store a value of the current node in: channels-last when eager
+        would make it so (the node's first tensor value of this size is channels-last:
+        pooling a channels-last input), else contiguous."""
+        node = self.current_node
+        val = node.meta.get("val") if node is not None else None
+        for item in val if isinstance(val, (tuple, list)) else [val]:
+            if isinstance(item, torch.Tensor) and _channels_last(item):
+                layout = Layout.of(item)
+                if layout.size == tuple(size):
+                    return Layout(device, dtype, layout.size, layout.stride)
+        return Layout.contiguous(device, dtype, size)
+
     def whole_buffer(self, value: LazyTensor) -> str | None:
         """The buffer `value` reads exactly as it is stored (same sizes, strides and
         dtype), if any: storing `value` again would be a copy."""
@@ -534,6 +551,8 @@ class GraphLowering:
         layout = self.layouts.get(body.buffer)
         if layout is None or layout.size != value.size or layout.dtype != value.dtype:
             return None
+        if value.stride_hint is not None and tuple(layout.stride) != tuple(value.stride_hint):
+            return None  # a copy into another layout (a channels-last clone)
         expected = buffer_loader(body.buffer, layout)(loop_vars(value.ndim))
         return body.buffer if isinstance(expected, Load) and expected.index == body.index else None
 

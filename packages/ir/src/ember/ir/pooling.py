@@ -21,7 +21,6 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ember.ir.assemble import guard
 from ember.ir.expr import IndexExpr, Load, Node, Where
-from ember.ir.layout import Layout
 from ember.ir.loops import Reduction
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import c, op
@@ -79,7 +78,9 @@ def _window(
     inner = cast(x.loader([*i[:-2], ih, iw]), dtype)
     body = Where(mask, guard(inner, mask), const(fill, dtype))
     ranges = tuple(out_size)
-    layout = Layout.contiguous(x.device, torch.int64 if kind.startswith("arg") else dtype, ranges)
+    layout = lowering.node_layout(
+        x.device, torch.int64 if kind.startswith("arg") else dtype, ranges
+    )
     ref = lowering.store(
         Reduction(ranges, (sympy.Integer(kernel[0]), sympy.Integer(kernel[1])), kind, body), layout
     )

@@ -1,5 +1,12 @@
-"""Canonical iteration spaces: merge adjacent loop dimensions that address memory as
-one (e.g. the two dimensions of a contiguous [B, N] tensor become one loop of B*N).
+"""Canonical iteration spaces: loops in the order of the stored layout, and adjacent
+loop dimensions that address memory as one merged (e.g. the two dimensions of a
+contiguous [B, N] tensor become one loop of B*N).
+
+A loop's points run in the logical (size) order of its output, but a channels-last
+output [N, C, H, W] has C innermost in memory: iterated in logical order, neighbouring
+threads would store 2*C bytes apart. So before merging, the outer variables of a
+computed buffer are put in descending order of their stride in the store index; the
+channels-last loop becomes [N, H, W, C], which then merges into one contiguous loop.
 
 Fewer, longer loops mean simpler index math and longer contiguous runs for the
 codegens. Two adjacent variables (a, b) with ranges (Ra, Rb) merge when every index
@@ -91,6 +98,12 @@ def merge_loop(
     ranges = list(loop.ranges)
     inner = list(loop.reduction_ranges) if isinstance(loop, Reduction) else []
     body = loop.body
+    order = _storage_order(index, loop.ranges) if "i" in prefixes else None
+    if order is not None:
+        mapping = {index_var("i", old): index_var("i", new) for new, old in enumerate(order)}
+        body = replace_index(body, mapping)
+        index = sympy.expand(index.xreplace(mapping))
+        ranges = [loop.ranges[old] for old in order]
     for prefix, dims in (("i", ranges), ("r", inner)):
         d = len(dims) - 2 if prefix in prefixes else -1
         while d >= 0:
@@ -101,7 +114,8 @@ def merge_loop(
                 index = sympy.expand(index.xreplace(mapping))
                 dims[d : d + 2] = [sympy.expand(dims[d] * dims[d + 1])]
             d -= 1
-    if len(ranges) == len(loop.ranges) and len(inner) == len(getattr(loop, "reduction_ranges", ())):
+    unchanged = order is None and len(ranges) == len(loop.ranges)
+    if unchanged and len(inner) == len(getattr(loop, "reduction_ranges", ())):
         return buffer, index
     merged: Pointwise | Reduction
     if isinstance(loop, Reduction):
@@ -109,6 +123,23 @@ def merge_loop(
     else:
         merged = Pointwise(tuple(ranges), body)
     return replace(buffer, loop=merged), index
+
+
+def _storage_order(index: sympy.Expr, ranges: tuple[sympy.Expr, ...]) -> list[int] | None:
+    """The outer loop dimensions in descending order of their stride in `index` (the
+    store index), or None when that is the given order or the index is not affine.
+    Symbolic strides are compared at a size guess; the order only affects speed."""
+    strides: list[int] = []
+    for d in range(len(ranges)):
+        coefficient = affine_coefficient(index, index_var("i", d))
+        if coefficient is None:
+            return None
+        guess = coefficient.xreplace({s: sympy.Integer(64) for s in coefficient.free_symbols})
+        if not guess.is_number:
+            return None
+        strides.append(int(guess))
+    order = sorted(range(len(ranges)), key=lambda d: -strides[d])
+    return None if order == list(range(len(ranges))) else order
 
 
 def _merge(member: KernelMember, prefix: str, d: int, count: int) -> KernelMember:
