@@ -171,6 +171,22 @@ def test_pooling_matches_eager() -> None:
     check(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), x)
 
 
+def test_small_pooling_windows_are_unrolled_and_match_eager_on_edge_values() -> None:
+    """3x3 and 2x2 windows become pointwise code (no reduction), with eager's values
+    and indices: padding, dilation, ceil mode, -inf everywhere in a window, NaN, ties
+    (the first maximum wins); a 5x5 window (25 elements) stays a reduction."""
+    x = torch.randn(2, 3, 9, 8)
+    x[0, 0, :3, :3] = float("-inf")
+    x[0, 1, 4, 4] = float("nan")
+    x[1, 2, 2:6, 2:6] = 1.5  # ties
+    program = check(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x)
+    assert not any(isinstance(b.loop, Reduction) for b in computed(program))
+    check(lambda x: F.max_pool2d(x, 2, 2, 0, dilation=2, ceil_mode=True, return_indices=True), x)
+    check(lambda x: F.avg_pool2d(x.nan_to_num(), 3, 2, 1, ceil_mode=True), x)
+    large = check(lambda x: F.max_pool2d(x.nan_to_num(), 5, 1, 2, return_indices=True), x)
+    assert any(isinstance(b.loop, Reduction) for b in computed(large))
+
+
 def test_indirect_loads_and_scatters_match_eager() -> None:
     x = torch.randn(5, 4)
     idx = torch.tensor([4, -1, 0, 2])

@@ -8,6 +8,7 @@ lower) and its default pipeline. See the package README for the files in order.
 
 from ember.graphpasses.channels_last import channels_last_convolutions
 from ember.graphpasses.constant_folding import fold_constants
+from ember.graphpasses.conv_bias import convolution_bias_epilogue
 from ember.graphpasses.cse import eliminate_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
 from ember.graphpasses.decompositions import EMBER_ADDITIONS, KEEP_WHOLE, ember_decompositions
@@ -66,6 +67,7 @@ __all__ = [
     "collect_custom_op_profiles",
     "collect_module_call_signatures",
     "compose_permutes",
+    "convolution_bias_epilogue",
     "default_pipeline",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",

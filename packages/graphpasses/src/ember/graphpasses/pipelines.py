@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ember.graphpasses.channels_last import channels_last_convolutions
 from ember.graphpasses.constant_folding import DEFAULT_MAX_ELEMENTS, fold_constants
+from ember.graphpasses.conv_bias import convolution_bias_epilogue
 from ember.graphpasses.cse import eliminate_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
 from ember.graphpasses.manager import PassManager
@@ -48,6 +49,7 @@ def default_pipeline(
         compose_permutes,
         pad_matmul(),
         channels_last_convolutions(),
+        convolution_bias_epilogue(),
         eliminate_common_subexpressions,
         fold_constants(max_constant_elements),
         eliminate_dead_code,

@@ -585,12 +585,16 @@ class GraphLowering:
         self._rng_offset = simplify_index(start + count)
         return start
 
-    def _maybe_realize(self, node: torch.fx.Node, result: Any) -> Any:
+    def _maybe_realize(self, node: torch.fx.Node, result: Any, val: Any = None) -> Any:
+        if val is None:
+            val = node.meta.get("val")
         if isinstance(result, tuple):
-            return tuple(self._maybe_realize(node, r) for r in result)
+            vals = val if isinstance(val, (tuple, list)) and len(val) == len(result) else ()
+            return tuple(
+                self._maybe_realize(node, r, vals[k] if vals else ()) for k, r in enumerate(result)
+            )
         if not isinstance(result, LazyTensor) or result.realized is not None:
             return result
-        val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and _channels_last(val):
             # Eager keeps channels-last values channels-last (convolutions pick their
             # kernels by it): when this one is stored, it is stored that way too.
