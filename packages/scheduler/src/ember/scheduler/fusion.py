@@ -26,11 +26,23 @@ the shared input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy
+from torch.utils._sympy.functions import ModularIndexing
 
-from ember.ir import ComputedBuffer, ExternKernel, Load, MultiOutput, Node, Op, Program, walk
+from ember.ir import (
+    ComputedBuffer,
+    ExternKernel,
+    IndexExpr,
+    Load,
+    MultiOutput,
+    Node,
+    Op,
+    Program,
+    Rand,
+    walk,
+)
 from ember.ir.expr import map_dag, replace_index
 from ember.ir.loops import Pointwise, Reduction, Scatter
 from ember.ir.symbolic import index_var, product
@@ -118,7 +130,44 @@ def _space_map(
     return None
 
 
-def _prologue_map(group: Group, loop: Reduction) -> dict[sympy.Symbol, sympy.Expr] | None:
+@dataclass(frozen=True)
+class Placement:
+    """How a pointwise group's variables become those of a reduction's outer x inner
+    space when the group turns into the reduction's prologue: a substitution of the
+    group's variables. When the group is a row-major loop read back through the
+    reduction's index `read` (a one-to-one map onto its points), `linear` is the
+    group's linear point index: an index affine in it (the store, a contiguous load)
+    becomes affine in `read`, where substituting each variable (a floor/mod of
+    `read`) would leave a sum of floors and mods that no analysis sees through."""
+
+    mapping: dict[sympy.Symbol, sympy.Expr]
+    linear: sympy.Expr | None = None
+    read: sympy.Expr | None = None
+
+    def expr(self, expr: sympy.Expr) -> sympy.Expr:
+        if self.linear is not None and self.read is not None:
+            last = max(self.mapping, key=lambda v: v.name)  # the innermost variable
+            scale = affine_coefficient(sympy.expand(expr), last)
+            if scale is not None:
+                rest = sympy.expand(expr - scale * self.linear)
+                if not any(v in self.mapping for v in rest.free_symbols):
+                    return sympy.expand(scale * self.read + rest)
+        return sympy.expand(sympy.sympify(expr).xreplace(self.mapping))
+
+    def body(self, root: Node) -> Node:
+        def substitute(node: Node) -> Node:
+            if isinstance(node, Load):
+                return replace(node, index=self.expr(node.index))
+            if isinstance(node, IndexExpr):
+                return replace(node, expr=self.expr(node.expr))
+            if isinstance(node, Rand):
+                return replace(node, index=self.expr(node.index))
+            return node
+
+        return map_dag(root, substitute)
+
+
+def _prologue_map(group: Group, loop: Reduction) -> Placement | None:
     """How the variables of a pointwise group become those of `loop`'s outer x inner
     space when the group turns into that reduction's prologue (None: they cannot).
 
@@ -132,17 +181,26 @@ def _prologue_map(group: Group, loop: Reduction) -> dict[sympy.Symbol, sympy.Exp
     placed = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
     if placed is None or not placed[1]:
         return None
-    return placed[0]
+    return Placement(placed[0])
 
 
-def _read_map(group: Group, loop: Reduction) -> dict[sympy.Symbol, sympy.Expr] | None:
-    """{i0: E} when the group runs one merged loop, some member stores point i0 at
-    storage element i0, and `loop` reads that member at E, with E a one-to-one map of
-    its outer x inner points onto the member's elements."""
-    if len(group.ranges) != 1:
+def _read_map(group: Group, loop: Reduction) -> Placement | None:
+    """The group's variables as functions of E, when some member stores the group's
+    point at its linear (row-major) storage element and `loop` reads that member at
+    E, a one-to-one map of its outer x inner points onto the member's elements.
+
+    One merged loop maps as {i0: E}. A loop the merging left in several dimensions
+    (a broadcast operand, such as an attention mask shared by the heads, keeps them
+    apart) maps each variable to a floor and mod of E; its static sizes are needed."""
+    ranges = group.ranges
+    if len(ranges) > 1 and not all(isinstance(r, sympy.Integer) for r in ranges):
         return None
-    var = index_var("i", 0)
-    stored_at_point = {m.buffer.name for m in group.members if sympy.expand(m.index - var) == 0}
+    variables = [index_var("i", k) for k in range(len(ranges))]
+    places = [product(ranges[k + 1 :]) for k in range(len(ranges))]
+    linear = sympy.expand(
+        sum((v * p for v, p in zip(variables, places, strict=True)), sympy.S.Zero)
+    )
+    stored_at_point = {m.buffer.name for m in group.members if sympy.expand(m.index - linear) == 0}
     space = [(index_var("i", k), r) for k, r in enumerate(loop.ranges)]
     space += [(index_var("r", k), r) for k, r in enumerate(loop.reduction_ranges)]
     for node in walk(loop.body):
@@ -151,9 +209,15 @@ def _read_map(group: Group, loop: Reduction) -> dict[sympy.Symbol, sympy.Expr] |
             and node.buffer in stored_at_point
             and node.mask is None
             and not node.indirect
-            and _one_to_one(node.index, space, group.ranges[0])
+            and _one_to_one(node.index, space, product(ranges))
         ):
-            return {var: node.index}
+            if len(ranges) == 1:
+                return Placement({variables[0]: node.index})
+            mapping = {
+                v: ModularIndexing(node.index, p, r)
+                for v, p, r in zip(variables, places, ranges, strict=True)
+            }
+            return Placement(mapping, linear, node.index)
     return None
 
 
@@ -280,12 +344,12 @@ class Fuser:
         """Turn a pointwise group into the prologue of `reduction`'s kernel."""
         loop = reduction.loop
         assert isinstance(loop, Reduction)
-        mapping = _prologue_map(group, loop)
-        assert mapping is not None
+        placement = _prologue_map(group, loop)
+        assert placement is not None
         group.ranges, group.reduction_ranges = loop.ranges, loop.reduction_ranges
         for m in group.members:
-            m.body = replace_index(m.body, mapping)
-            m.index = sympy.expand(m.index.xreplace(mapping))
+            m.body = placement.body(m.body)
+            m.index = placement.expr(m.index)
             m.over_reduction = True
 
     def _try(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | None:
@@ -296,7 +360,7 @@ class Fuser:
         kind = _kind(buffer)
         ranges, reduction_ranges = group.ranges, group.reduction_ranges
         loop = buffer.loop
-        widened: dict[sympy.Symbol, sympy.Expr] | None = None
+        widened: Placement | None = None
         if kind == REDUCTION and not reduction_ranges:
             assert isinstance(loop, Reduction)
             widened = _prologue_map(group, loop)
@@ -321,17 +385,13 @@ class Fuser:
     def _members_as_placed(
         self,
         group: Group,
-        mapping: dict[sympy.Symbol, sympy.Expr] | None,
+        placement: Placement | None,
     ) -> dict[str, Member]:
-        if mapping is None:
+        if placement is None:
             return {m.buffer.name: m for m in group.members}
         return {
             m.buffer.name: Member(
-                m.buffer,
-                m.kind,
-                replace_index(m.body, mapping),
-                sympy.expand(m.index.xreplace(mapping)),
-                True,
+                m.buffer, m.kind, placement.body(m.body), placement.expr(m.index), True
             )
             for m in group.members
         }
