@@ -1,5 +1,6 @@
 """Split reductions rendered for Triton: the partial and the final kernel's tiles, and
-both run in Triton's interpreter (every candidate config) against eager.
+both run in Triton's interpreter (every config on the menu, `config_menu`) against
+eager.
 
 `TRITON_INTERPRET=1` must be set before Triton is imported and must not leak into
 other tests, so the kernels run in a subprocess (`python test_triton_split.py`) that
@@ -24,6 +25,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.codegen.triton import COLUMN_XBLOCK, TRITON_CHOICES, plan_kernel, render_kernel
+from ember.codegen.triton.plan import config_menu
 from ember.graphpasses import ember_decompositions
 from ember.ir import BufferRef, LoweringOptions, Program, lower_graph
 from ember.ir.interpreter import call_extern
@@ -90,10 +92,16 @@ def test_triton_choices_split_a_large_column_sum_only() -> None:
 def test_large_pointwise_kernels_offer_more_elements_per_thread() -> None:
     from ember.codegen.triton.plan import LARGE_POINTWISE
 
-    small = render_kernel(_pointwise(1 << 12)).configs
-    large = render_kernel(_pointwise(LARGE_POINTWISE)).configs
-    assert len(small) == 4 and len(large) == 6
-    assert any(c.block("XBLOCK") // (32 * c.num_warps) == 16 for c in large)
+    small, large = _pointwise(1 << 12), _pointwise(LARGE_POINTWISE)
+    assert len(config_menu(small, plan_kernel(small))) == 4
+    menu = config_menu(large, plan_kernel(large))
+    assert len(menu) == 6
+    assert any(c.block("XBLOCK") // (32 * c.num_warps) == 16 for c in menu)
+    # 8 MiB of float32 traffic: timed with three configs, 4, 8 and 16 elements a thread
+    timed = render_kernel(large).configs
+    assert timed[0] == menu[0]
+    assert sorted(c.block("XBLOCK") // (32 * c.num_warps) for c in timed) == [4, 8, 16]
+    assert render_kernel(small).configs == config_menu(small, plan_kernel(small))[:1]
 
 
 def _pointwise(numel: int) -> Any:
@@ -136,7 +144,8 @@ def _run(program: Program, schedule: Schedule, args: list[torch.Tensor], config:
                     size = [int(s) for s in m.layout.size]
                     env[m.name] = torch.full(size, 7, dtype=m.layout.dtype)
             rendered = render_kernel(kernel)
-            launch = rendered.configs[min(config, len(rendered.configs) - 1)]
+            menu = config_menu(kernel, plan_kernel(kernel))
+            launch = menu[min(config, len(menu) - 1)]
             jit = _load(rendered.source, rendered.function_name, directory)
             grid = rendered.launch_grid(launch, {})
             jit[grid](
@@ -155,7 +164,7 @@ def run_case(name: str) -> dict[str, Any]:
     expected = fn(*[a.clone() for a in args])
     expected = list(expected) if isinstance(expected, tuple) else [expected]
     tolerance = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {}
-    configs = max(len(render_kernel(k).configs) for k in schedule.kernels)
+    configs = max(len(config_menu(k, plan_kernel(k))) for k in schedule.kernels)
     for config in range(configs):
         actual = _run(program, schedule, [a.clone() for a in args], config)
         for a, e in zip(actual, expected, strict=True):

@@ -52,6 +52,10 @@ MIN_TILE_EXTENT = 16
 COLUMN_XBLOCK = 64
 # Pointwise kernels over at least this many elements also try more elements per thread.
 LARGE_POINTWISE = 1 << 20
+# Kernels moving fewer bytes than this are not tuned; larger ones are timed with at
+# most MAX_TUNED configs (candidate_configs says why).
+SMALL_TRAFFIC = 4 << 20
+MAX_TUNED = 3
 
 
 @dataclass(frozen=True)
@@ -281,7 +285,77 @@ def plan_kernel(kernel: FusedKernel, *, reduction: str | None = None) -> KernelP
 
 
 def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ...]:
-    """A handful of launch configs for the runtime to time; the first is the guess."""
+    """The launch configs the runtime compiles and times; the first is the guess.
+
+    Each config costs a Triton compile at a cold start (about 0.1 to 0.15 s of CPU
+    time on the GPU machine, mostly under Python's interpreter lock), and timing pays
+    only where the configs' run times differ by more than a launch costs. A kernel
+    whose estimated traffic (`traffic_bytes`) is under SMALL_TRAFFIC (4 MiB: ~1.3 us
+    at an H100's ~3 TB/s, less than the ~2-3 us between back-to-back launches) runs in
+    a few microseconds whatever its config, so it gets its guess alone: a config even
+    twice as slow loses ~1 us a call, and one compile saved repays 10^5 calls. Larger
+    kernels get at most MAX_TUNED configs of `config_menu`: the guess, then greedily
+    the menu entry farthest from those already kept (`_spread`), so the timed few
+    span block sizes and warps instead of neighbouring points (pointwise: 256, 1024
+    and 4096 elements per block, 4, 8 and 16 per thread, of six on the menu).
+    """
+    menu = config_menu(kernel, plan)
+    if traffic_bytes(kernel) < SMALL_TRAFFIC:
+        return menu[:1]
+    return _spread(menu, MAX_TUNED)
+
+
+def traffic_bytes(kernel: FusedKernel) -> int:
+    """Bytes `kernel` reads and writes, estimated from its accesses: each distinct
+    (buffer, index) load or store touches one element per point of the kernel
+    variables its index uses (a bias read by channel counts the channels, not the
+    whole loop nest). Size symbols count as `hint` guesses them, kernel-local values
+    not at all; an index that repeats elements (i // 2) is counted in full."""
+    extents = {index_var("i", d): r for d, r in enumerate(kernel.ranges)}
+    extents.update({index_var("r", d): r for d, r in enumerate(kernel.reduction_ranges)})
+    accesses: set[tuple[str, sympy.Expr, int]] = set()
+    local = kernel.local_reductions
+    for m in kernel.members:
+        if m.stored or m.mutates is not None:
+            copies = 2 if m.reduction == "welford" else 1  # mean and M2
+            for copy in range(copies):
+                accesses.add((m.name, m.index + copy, m.dtype.itemsize))
+        for root in (m.body, *m.indirect):
+            for node in walk(root):
+                if isinstance(node, Load) and node.buffer not in local:
+                    accesses.add((node.buffer, node.index, node.dtype.itemsize))
+    total = 0
+    for _, index, itemsize in accesses:
+        used = [extents[v] for v in sympy.sympify(index).free_symbols if v in extents]
+        total += itemsize * math.prod(hint(e) for e in used)
+    return total
+
+
+def _spread(menu: tuple[LaunchConfig, ...], count: int) -> tuple[LaunchConfig, ...]:
+    """The first config, then up to `count - 1` more: each time the one whose
+    smallest distance to those kept is largest (earlier on the menu on ties).
+    Distance: the summed |log2| ratios of block sizes and warps, plus the difference
+    in pipeline stages. Kept in menu order."""
+    if len(menu) <= count:
+        return menu
+
+    def distance(a: LaunchConfig, b: LaunchConfig) -> float:
+        blocks = dict(b.blocks)
+        apart = sum(abs(math.log2(v) - math.log2(blocks.get(k, v))) for k, v in a.blocks)
+        apart += abs(math.log2(a.num_warps) - math.log2(b.num_warps))
+        return apart + abs(a.num_stages - b.num_stages)
+
+    kept = [0]
+    while len(kept) < count:
+        rest = [i for i in range(len(menu)) if i not in kept]
+        far = max(rest, key=lambda i: (min(distance(menu[i], menu[k]) for k in kept), -i))
+        kept.append(far)
+    return tuple(menu[i] for i in sorted(kept))
+
+
+def config_menu(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ...]:
+    """Every launch config worth considering for `kernel`; the first is the guess.
+    `candidate_configs` shortens it; tests run a kernel under each entry."""
     x = plan.axis("x")
     assert x is not None
     xnumel = hint(x.numel)
