@@ -8,6 +8,8 @@ rewritten graphs can be run and compared with the originals.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from graphpasses_helpers import aot_capture, count  # type: ignore[import-not-found]  # tests/ on sys.path
 from torch import nn
@@ -94,3 +96,87 @@ def test_cuda_graphs_only_by_default() -> None:
     captured = aot_capture(Block().eval(), torch.randn(2, 3, 12, 12))
     gm = captured.graph("inference")
     assert not channels_last_convolutions()(gm).changed
+
+
+def test_training_joint_graph_runs_channels_last_with_eager_gradients() -> None:
+    """On the joint graph, before the split: the forward's convolutions and their
+    backward read channels-last inputs, the saved activations cross channels-last,
+    and the loss, the input's gradient and every parameter's gradient equal eager's,
+    with the parameters' strides (the weight gradients are copied back)."""
+    import copy
+
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import default_partition
+
+    from ember.graphpasses import channels_last_training, ember_decompositions
+
+    seen: dict[str, Any] = {}
+
+    def partition(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+        seen["result"] = channels_last_training(devices=("cpu",))(joint)
+        return default_partition(joint, inputs, **kwargs)
+
+    def compiler(kind: str) -> Any:
+        def compile_graph(gm: torch.fx.GraphModule, example: Any) -> Any:
+            seen[kind] = gm
+            return make_boxed_func(gm.forward)
+
+        return compile_graph
+
+    backend = aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        partition_fn=partition,
+        decompositions=ember_decompositions(),
+    )
+    model, x = Block(), torch.randn(4, 3, 32, 32, requires_grad=True)
+    reference, x_ref = copy.deepcopy(model), x.detach().clone().requires_grad_()
+    reference(x_ref).square().sum().backward()
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True)(x).square().sum().backward()
+    assert seen["result"].changed
+    assert _channels_last_convolutions(seen["forward"]) == 2
+    grads = [
+        n for n in seen["backward"].graph.nodes if n.target is aten.convolution_backward.default
+    ]
+    assert len(grads) == 2
+    assert all(
+        g.args[1].meta["val"].is_contiguous(memory_format=torch.channels_last) for g in grads
+    )
+    assert x.grad is not None and x_ref.grad is not None
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None, name
+        assert p.grad.stride() == q.grad.stride(), name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_training_joint_graph_is_left_alone_when_copies_would_cost_too_much() -> None:
+    """A fraction of 0 allows no copy back: the weight gradients would need one."""
+    from ember.graphpasses import channels_last_training
+
+    captured: dict[str, torch.fx.GraphModule] = {}
+
+    def partition(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+        from torch._functorch.partitioners import default_partition
+
+        captured["joint"] = joint
+        code = joint.code
+        assert not channels_last_training(("cpu",), max_copy_fraction=0.0)(joint).changed
+        assert joint.code == code
+        return default_partition(joint, inputs, **kwargs)
+
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    backend = aot_autograd(
+        fw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+        bw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+        partition_fn=partition,
+    )
+    torch._dynamo.reset()
+    torch.compile(Block(), backend=backend, fullgraph=True)(
+        torch.randn(2, 3, 12, 12)
+    ).sum().backward()
+    assert "joint" in captured

@@ -281,6 +281,33 @@ def test_channels_last_copies_and_pooling_keep_the_layout() -> None:
     assert "[576, 36, 6, 1]" not in source and "[432, 144, 12, 1], 0)" not in source
 
 
+def test_training_runs_channels_last_end_to_end_with_eager_gradients() -> None:
+    """EMBER_LAYOUT=channels-last on the CPU (the default does this on CUDA only): a
+    training step of a convolution block runs both directions channels-last (the
+    backward's buffers are NHWC), and the loss and every gradient equal eager's,
+    with the parameters' strides."""
+    import copy
+
+    model = ConvBlock()
+    x = torch.randn(4, 3, 16, 16)
+    reference = copy.deepcopy(model)
+    reference(x).square().mean().backward()
+    start = len(compile_records)
+    torch._dynamo.reset()
+    with config.scope(layout="channels-last"):
+        torch.compile(model, backend="ember")(x).square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None, name
+        assert p.grad.stride() == q.grad.stride(), name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    records = compile_records[start:]
+    backward = [r for r in records if r.graph.startswith("backward")]
+    assert backward and backward[0].wrapper_path is not None
+    source = backward[0].wrapper_path.read_text()
+    assert "[4096, 1, 256, 16]" in source  # a [4, 16, 16, 16] gradient, channels-last
+    assert "[4096, 256, 16, 1]" not in source
+
+
 def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:
     from torch._functorch import partitioners
 

@@ -6,7 +6,7 @@ its decomposition table (what ember lowers from, and `REMAINING_OPS`, what is le
 lower) and its default pipeline. See the package README for the files in order.
 """
 
-from ember.graphpasses.channels_last import channels_last_convolutions
+from ember.graphpasses.channels_last import channels_last_convolutions, channels_last_training
 from ember.graphpasses.constant_folding import fold_constants
 from ember.graphpasses.conv_bias import convolution_bias_epilogue
 from ember.graphpasses.cse import eliminate_common_subexpressions
@@ -63,6 +63,7 @@ __all__ = [
     "PassResult",
     "Pattern",
     "channels_last_convolutions",
+    "channels_last_training",
     "check_aten_level",
     "collect_custom_op_profiles",
     "collect_module_call_signatures",

@@ -53,13 +53,62 @@ def channels_last_convolutions(
 
     @named_pass(PASS, (PRESERVES_NO_MUTATION, PRESERVES_CORE_ATEN, PRESERVES_RANDOMNESS))
     def run(gm: torch.fx.GraphModule) -> PassResult:
-        converted = _convert(gm, tuple(devices), max_copies)
+        converted = _convert(gm, tuple(devices), _CopyRule(max_copies, None))
         if converted:
             gm.graph.lint()
             gm.recompile()
         return PassResult(gm, converted > 0, {"converted": converted})
 
     return run
+
+
+def channels_last_training(
+    devices: Sequence[str] = ("cuda",), max_copy_fraction: float = 0.25
+) -> GraphPass:
+    """The pass for AOTAutograd's joint forward + backward graph, run before the
+    partitioner splits it. The forward's activations then go to the backward
+    channels-last (the partitioner copies each node's value, strides included, into
+    both graphs), and each `convolution_backward` of a converted convolution reads the
+    converted input too. The joint graph returns the parameters' gradients, which
+    follow the activations' layout: a convolution weight's gradient comes back
+    channels-last. Those outputs are copied back to their promised strides, which
+    pays while they are small: besides one output of any size (a block's 4-D result,
+    as in inference), the copies may move at most `max_copy_fraction` of the bytes
+    the convolutions read, else the graph is left as it was."""
+
+    @named_pass(PASS, (PRESERVES_NO_MUTATION, PRESERVES_CORE_ATEN, PRESERVES_RANDOMNESS))
+    def run(gm: torch.fx.GraphModule) -> PassResult:
+        converted = _convert(gm, tuple(devices), _CopyRule(None, max_copy_fraction))
+        if converted:
+            gm.graph.lint()
+            gm.recompile()
+        return PassResult(gm, converted > 0, {"converted": converted})
+
+    return run
+
+
+class _CopyRule:
+    """How many outputs may be copied back to their promised strides: at most `count`
+    of them, or one of any size and the rest within `fraction` of the bytes the
+    convolutions read."""
+
+    def __init__(self, count: int | None, fraction: float | None) -> None:
+        self.count, self.fraction = count, fraction
+
+    def allows(self, copies: list[torch.Tensor], read: list[torch.Tensor]) -> bool:
+        if self.count is not None and len(copies) > self.count:
+            return False
+        if self.fraction is not None:
+            # one copy is free, as in inference (a block's 4-D output); the rest are
+            # gradients of parameters, and must stay small
+            moved = sorted(_bytes(t) for t in copies)[:-1]
+            return sum(moved) <= self.fraction * sum(_bytes(t) for t in read)
+        return True
+
+
+def _bytes(value: torch.Tensor) -> int:
+    numel = value.numel()
+    return int(numel) * value.element_size() if isinstance(numel, int) else 0
 
 
 def _is_channels_last(value: torch.Tensor) -> bool:
@@ -92,7 +141,7 @@ def _inferable(gm: torch.fx.GraphModule) -> bool:
     )
 
 
-def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], max_copies: int) -> int:
+def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], rule: _CopyRule) -> int:
     mode = fake_mode_of(gm)
     convolutions = [n for n in gm.graph.nodes if _candidate(n, devices)]
     if mode is None or not convolutions or not _inferable(gm):
@@ -110,7 +159,10 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], max_copies: int
                 aten.clone.default, (source,), {"memory_format": torch.channels_last}
             )
         copy_debug_meta(conv, clone)
+        gradients = [user for user in source.users if _gradient_of(user, conv)]
         conv.replace_input_with(source, clone)
+        for gradient in gradients:  # the convolution's backward, in a joint graph
+            gradient.replace_input_with(source, clone)
         made.append(clone)
     try:
         _reinfer(gm, mode)
@@ -134,7 +186,12 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], max_copies: int
         and (value := tensor_value(arg)) is not None
         and value.stride() != old.stride()
     ]
-    if not made or len(changed) > max_copies or any(not old.is_contiguous() for _, old in changed):
+    inputs = [v for c in convolutions if (v := tensor_value(c.args[0])) is not None]
+    if (
+        not made
+        or not rule.allows([old for _, old in changed], inputs)
+        or any(not old.is_contiguous() for _, old in changed)
+    ):
         _undo(gm, made, saved)
         return 0
     for arg, _ in changed:
@@ -146,6 +203,17 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], max_copies: int
         infer_value(back, mode, PASS)
         output.replace_input_with(arg, back)
     return len(made)
+
+
+def _gradient_of(node: torch.fx.Node, conv: torch.fx.Node) -> bool:
+    """`node` is the convolution_backward of `conv` (same input, weight and settings)."""
+    return (
+        node.op == "call_function"
+        and node.target is aten.convolution_backward.default
+        and node.args[1] is conv.args[0]
+        and node.args[2] is conv.args[1]
+        and tuple(node.args[4:10]) == tuple(conv.args[3:9])
+    )
 
 
 def _reinfer(gm: torch.fx.GraphModule, mode: Any) -> None:
@@ -165,4 +233,4 @@ def _undo(
             node.meta["val"] = value
 
 
-__all__ = ["channels_last_convolutions"]
+__all__ = ["channels_last_convolutions", "channels_last_training"]

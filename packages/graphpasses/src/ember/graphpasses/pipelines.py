@@ -20,6 +20,7 @@ signatures, assertions) and are chosen by whoever prepares an exported program.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ember.graphpasses.channels_last import channels_last_convolutions
@@ -40,16 +41,18 @@ def default_pipeline(
     dump_dir: Path | str | None = None,
     patterns: bool = True,
     max_constant_elements: int = DEFAULT_MAX_ELEMENTS,
+    layout_devices: Sequence[str] = ("cuda",),
 ) -> PassManager:
-    """The passes the runtime runs on every graph before lowering."""
+    """The passes the runtime runs on every graph before lowering. Convolution graphs
+    on `layout_devices` run channels-last, with their biases as fusable adds."""
     passes = [normalise_views, remove_noops]
     if patterns:
         passes.append(rewrite_patterns(DEFAULT_PATTERNS))
     passes += [
         compose_permutes,
         pad_matmul(),
-        channels_last_convolutions(),
-        convolution_bias_epilogue(),
+        channels_last_convolutions(layout_devices),
+        convolution_bias_epilogue(layout_devices),
         eliminate_common_subexpressions,
         fold_constants(max_constant_elements),
         eliminate_dead_code,

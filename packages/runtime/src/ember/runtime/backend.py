@@ -11,6 +11,7 @@ on import of `ember.runtime` so that it works with the packages only on PYTHONPA
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,10 +19,16 @@ import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 
-from ember.graphpasses import ember_decompositions, rewrite_attention_pregrad
+from ember.graphpasses import (
+    channels_last_training,
+    ember_decompositions,
+    rewrite_attention_pregrad,
+)
 from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
 from ember.runtime.config import config
+
+log = logging.getLogger(__name__)
 
 
 def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
@@ -54,6 +61,28 @@ def partition_fn(device_type: str = "cuda") -> Callable[..., Any]:
     return partitioners.default_partition
 
 
+def _channels_last_then(
+    partition: Callable[..., Any], devices: Sequence[str]
+) -> Callable[..., Any]:
+    """`partition`, after the joint forward + backward graph of a training step on
+    `devices` (`EMBER_LAYOUT`; CUDA by default) is turned channels-last
+    (`channels_last_training`): the convolutions of both directions then read NHWC
+    data, and the activations the forward saves cross to the backward in that layout.
+    After the split, the forward alone could not change its saved activations'
+    strides (the backward reads them as promised). A failure leaves the joint graph
+    to the partitioner as it came, with a warning."""
+    layout = channels_last_training(devices)
+
+    def split(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        try:
+            layout(joint_module)
+        except Exception as exc:  # a layout is an optimisation: never fail the step for it
+            log.warning("channels-last training layout skipped: %s: %s", type(exc).__name__, exc)
+        return partition(joint_module, joint_inputs, **kwargs)
+
+    return split
+
+
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
     on_cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
@@ -67,7 +96,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
         decompositions=ember_decompositions(),  # type: ignore[arg-type]  # OpOverload keys
-        partition_fn=partition_fn("cuda" if on_cuda else "cpu"),
+        partition_fn=_channels_last_then(
+            partition_fn("cuda" if on_cuda else "cpu"), config.layout_devices
+        ),
         # Input mutations stay in the inference graph as copy_ epilogues, which ember
         # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
         keep_inference_input_mutations=True,

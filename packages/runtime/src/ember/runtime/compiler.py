@@ -106,7 +106,10 @@ def compile_graph(
     stage = "passes"
     try:
         with _timed(record, stage):
-            gm, report = default_pipeline(dump_dir=debug / "passes" if debug else None).run(gm)
+            pipeline = default_pipeline(
+                dump_dir=debug / "passes" if debug else None, layout_devices=config.layout_devices
+            )
+            gm, report = pipeline.run(gm)
             log.debug("%s", report.format())
         devices = _devices(gm)
         loops = wants_loops(devices, config.kernels)

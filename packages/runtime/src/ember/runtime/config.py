@@ -114,6 +114,15 @@ KNOBS: dict[str, Knob[Any]] = {
         "imports torch and holds a CUDA context); 0, the default, compiles in threads "
         "here.",
     ),
+    "layout": Knob(
+        "EMBER_LAYOUT",
+        lambda text: _choice(text, ("auto", "channels-last", "keep")),
+        lambda: "auto",
+        "Memory layout of convolution graphs: 'auto' (default) runs 2-D convolutions "
+        "and the kernels around them channels-last on CUDA, in inference and training; "
+        "'channels-last' does so on every device (CPU included); 'keep' leaves layouts "
+        "as the model gives them.",
+    ),
     "partitioner": Knob(
         "EMBER_PARTITIONER",
         lambda text: _choice(text, ("auto", "mincut", "save-all")),
@@ -179,6 +188,15 @@ class EmberConfig:
     @property
     def compile_workers(self) -> int:
         return int(self.get("compile_workers"))
+
+    @property
+    def layout(self) -> str:
+        return str(self.get("layout"))
+
+    @property
+    def layout_devices(self) -> tuple[str, ...]:
+        """The device types whose convolution graphs run channels-last."""
+        return {"auto": ("cuda",), "channels-last": ("cuda", "cpu"), "keep": ()}[self.layout]
 
     @property
     def partitioner(self) -> str:
