@@ -283,12 +283,13 @@ def test_channels_last_copies_and_pooling_keep_the_layout() -> None:
 
 def test_training_runs_channels_last_end_to_end_with_eager_gradients() -> None:
     """EMBER_LAYOUT=channels-last on the CPU (the default does this on CUDA only): a
-    training step of a convolution block runs both directions channels-last (the
+    training step of a convolution block with a pooled head runs both directions
+    channels-last (the
     backward's buffers are NHWC), and the loss and every gradient equal eager's,
     with the parameters' strides."""
     import copy
 
-    model = ConvBlock()
+    model = torch.nn.Sequential(ConvBlock(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
     x = torch.randn(4, 3, 16, 16)
     reference = copy.deepcopy(model)
     reference(x).square().mean().backward()
@@ -304,8 +305,9 @@ def test_training_runs_channels_last_end_to_end_with_eager_gradients() -> None:
     backward = [r for r in records if r.graph.startswith("backward")]
     assert backward and backward[0].wrapper_path is not None
     source = backward[0].wrapper_path.read_text()
-    assert "[4096, 1, 256, 16]" in source  # a [4, 16, 16, 16] gradient, channels-last
-    assert "[4096, 256, 16, 1]" not in source
+    # the activations' gradients are channels-last (the pooled head's own gradient
+    # is an expanded [4, 16] and comes out NCHW, as in eager)
+    assert source.count("[4096, 1, 256, 16]") >= 2
 
 
 def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:

@@ -72,9 +72,11 @@ def channels_last_training(
     converted input too. The joint graph returns the parameters' gradients, which
     follow the activations' layout: a convolution weight's gradient comes back
     channels-last. Those outputs are copied back to their promised strides, which
-    pays while they are small: besides one output of any size (a block's 4-D result,
-    as in inference), the copies may move at most `max_copy_fraction` of the bytes
-    the convolutions read, else the graph is left as it was."""
+    pays while they are small: the copies may move at most `max_copy_fraction` of the
+    bytes the convolutions read, else the graph is left as it was. Unlike inference,
+    a large 4-D output gets no free copy: its gradient then arrives NCHW and every
+    backward convolution mixes layouts. The ResNet basic block (output as large as
+    its activations) trained in 3.39 ms channels-last against 2.75 ms NCHW (H100)."""
 
     @named_pass(PASS, (PRESERVES_NO_MUTATION, PRESERVES_CORE_ATEN, PRESERVES_RANDOMNESS))
     def run(gm: torch.fx.GraphModule) -> PassResult:
@@ -89,8 +91,7 @@ def channels_last_training(
 
 class _CopyRule:
     """How many outputs may be copied back to their promised strides: at most `count`
-    of them, or one of any size and the rest within `fraction` of the bytes the
-    convolutions read."""
+    of them, or as many as fit in `fraction` of the bytes the convolutions read."""
 
     def __init__(self, count: int | None, fraction: float | None) -> None:
         self.count, self.fraction = count, fraction
@@ -99,10 +100,8 @@ class _CopyRule:
         if self.count is not None and len(copies) > self.count:
             return False
         if self.fraction is not None:
-            # one copy is free, as in inference (a block's 4-D output); the rest are
-            # gradients of parameters, and must stay small
-            moved = sorted(_bytes(t) for t in copies)[:-1]
-            return sum(moved) <= self.fraction * sum(_bytes(t) for t in read)
+            moved = sum(_bytes(t) for t in copies)
+            return moved <= self.fraction * sum(_bytes(t) for t in read)
         return True
 
 
