@@ -243,7 +243,7 @@ def lower_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor
         def window_sum(i: Index) -> Node:
             taps = _taps(x, i, starts, kernel, [1, 1])
             parts = [Where(mask, cast(load, dtype), const(0.0, dtype)) for mask, load, _ in taps]
-            acc = parts[0]
+            acc: Node = parts[0]
             for part in parts[1:]:
                 acc = op("add", acc, part)
             return acc
