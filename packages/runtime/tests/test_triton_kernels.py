@@ -102,7 +102,43 @@ def _softmax_edges(device: str) -> list[Any]:
     return [x.to(device)]
 
 
+def _channels_last(device: str) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 5, 6, generator=g).to(memory_format=torch.channels_last)
+    return [x.to(device), torch.randn(8, 1, 1, generator=g).to(device)]
+
+
+def _pool_input(device: str) -> list[Any]:
+    x = torch.randn(2, 3, 9, 8, generator=torch.Generator().manual_seed(0))
+    x[0, 0, :3, :3] = float("-inf")
+    x[0, 1, 4, 4] = float("nan")
+    x[1, 2, 2:6, 2:6] = 1.5  # ties: the first maximum wins
+    return [x.to(device)]
+
+
+def _masked_scores(device: str) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    scores, mask = torch.randn(2, 3, 8, 8, generator=g), torch.randn(2, 1, 1, 8, generator=g)
+    mask[1, 0, 0, :] = float("-inf")  # every score of batch 1 masked
+    return [scores.to(device), mask.to(device)]
+
+
+def _safe_softmax(scores: torch.Tensor, mask: torch.Tensor) -> Any:
+    a = scores + mask
+    return torch.softmax(a, -1), (a == float("-inf")).logical_not().any(-1)
+
+
 CASES: dict[str, Case] = {
+    # session 4: a channels-last output iterated in storage order; an unrolled 3x3
+    # max pool with eager's indices; a broadcast-mask sum read back by a softmax as
+    # its prologue (indices through floors and mods of the softmax's own index)
+    "channels_last": (lambda x, b: torch.relu(x * 2.0 + b), _channels_last, {}),
+    "max_pool_unrolled": (
+        lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True),
+        _pool_input,
+        {},
+    ),
+    "masked_softmax_prologue": (_safe_softmax, _masked_scores, {"atol": 1e-6}),
     "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
     "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),
     "transpose3d": (lambda x: x.permute(0, 2, 1).contiguous() + 1, _args((3, 20, 33)), {}),
