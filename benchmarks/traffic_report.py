@@ -35,9 +35,11 @@ class _Captured(Exception):
     pass
 
 
-def report(gm: torch.fx.GraphModule, name: str, top: int) -> None:
+def report(gm: torch.fx.GraphModule, name: str, top: int, recompute: bool = False) -> None:
     gm, _ = default_pipeline().run(gm)
-    options = LoweringOptions(loops=True, unsupported_ops=frozenset(UNSUPPORTED))
+    options = LoweringOptions(
+        loops=True, unsupported_ops=frozenset(UNSUPPORTED), recompute_shared=recompute
+    )
     program = lower_graph(gm, name=name, options=options)
     schedule = schedule_program(program, TRITON_CHOICES)
     sizes = sorted(((kernel_bytes(k, program), k.name) for k in schedule.kernels), reverse=True)
@@ -55,6 +57,9 @@ def main() -> None:
     parser.add_argument("--models", default="gpt2")
     parser.add_argument("--mode", default="inference")
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument(
+        "--recompute", action="store_true", help="as EMBER_RECOMPUTE=cuda (shared values)"
+    )
     args = parser.parse_args()
     for model_name in args.models.split(","):
         torch._dynamo.reset()
@@ -64,7 +69,7 @@ def main() -> None:
 
         def compiler(kind: str, label: str = model_name) -> Any:
             def capture(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-                report(gm, f"{label} {kind}", args.top)
+                report(gm, f"{label} {kind}", args.top, args.recompute)
                 if kind != "forward":  # the forward's backward is traced after it returns
                     raise _Captured
                 return gm.forward

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import sympy
@@ -435,3 +436,39 @@ def test_float_arange_of_integers_is_an_index_cast_once() -> None:
     (actual,) = run_program(program, [x.bfloat16()])
     expected = torch.arange(-5, 2995, dtype=torch.float64).to(torch.bfloat16)
     assert torch.equal(actual, expected)
+
+
+def _stored(fn: Any, *args: torch.Tensor, recompute: bool) -> tuple[int, list[torch.Tensor]]:
+    gm = make_fx(fn)(*args)
+    program = lower_graph(gm, options=LoweringOptions(loops=True, recompute_shared=recompute))
+    verify(program)
+    outputs = run_program(program, list(args))
+    return len(computed(program)), outputs
+
+
+def test_recompute_shared_values_only_where_it_moves_fewer_bytes() -> None:
+    """With `recompute_shared`, a softmax output read by a column reduction and by a
+    later sum is recomputed from its input and row statistics instead of stored; a
+    residual sum (two full-size reads) and a bfloat16 value computed from a float32
+    input read by three users (12 bytes read against 8) are still stored."""
+
+    def softmax_chain(x: torch.Tensor) -> torch.Tensor:
+        first = torch.softmax(x * 0.125, dim=-1)
+        return torch.log_softmax(first * x, dim=-2) + first
+
+    def residual(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.exp(x + y)
+        return h.sum(-1), h.amax(0)
+
+    def narrowing(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = (torch.exp(x) * 2 + 1).to(torch.bfloat16)
+        return h.sum(-1), h.amax(0), h.amin(0)
+
+    x, y = torch.randn(6, 40), torch.randn(6, 40)
+    stored, out = _stored(softmax_chain, x, recompute=False)
+    fewer, recomputed = _stored(softmax_chain, x, recompute=True)
+    assert fewer == stored - 1
+    torch.testing.assert_close(recomputed[0], out[0])
+    torch.testing.assert_close(recomputed[0], softmax_chain(x), rtol=1e-5, atol=1e-6)
+    for fn, args in ((residual, (x, y)), (narrowing, (x,))):
+        assert _stored(fn, *args, recompute=True)[0] == _stored(fn, *args, recompute=False)[0]

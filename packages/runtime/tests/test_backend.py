@@ -310,6 +310,31 @@ def test_training_runs_channels_last_end_to_end_with_eager_gradients() -> None:
     assert source.count("[4096, 1, 256, 16]") >= 2
 
 
+def test_recompute_knob_keeps_eager_numbers_with_fewer_stored_values() -> None:
+    """EMBER_RECOMPUTE=all: softmax_chain's row softmax is recomputed by its two
+    readers instead of stored (one full-size buffer fewer), with eager's numbers."""
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        first = torch.softmax(x * 0.125, dim=-1)
+        return torch.log_softmax(first * x, dim=-2) + first
+
+    x = torch.randn(3, 64, 48)
+    before_first_kernel = []
+    for setting in ("off", "all"):
+        start = len(compile_records)
+        torch._dynamo.reset()
+        with config.scope(recompute=setting), torch.no_grad():
+            actual = torch.compile(chain, backend="ember")(x)
+        torch.testing.assert_close(actual, chain(x), rtol=1e-5, atol=1e-6)
+        (record,) = compile_records[start:]
+        assert record.wrapper_path is not None
+        source = record.wrapper_path.read_text()
+        before_first_kernel.append(source[: source.index("k0_")].count("empty_strided([3, 64, 48]"))
+    # the first kernel (the row softmax) no longer writes a full-size output: it
+    # stores its small row statistics, and the later kernels recompute from x
+    assert before_first_kernel == [1, 0]
+
+
 def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:
     from torch._functorch import partitioners
 

@@ -36,7 +36,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ember.ir.errors import LoweringError
 from ember.ir.errors import NotLowerable as NotLowerable
-from ember.ir.expr import Load, Op, walk
+from ember.ir.expr import Load, Op, Rand, walk
 from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
 from ember.ir.layout import Layout
 from ember.ir.loops import Loop, Pointwise
@@ -86,6 +86,10 @@ class LoweringOptions:
     realize_cost: int = 8
     realize_reads: int = 1
     max_inline_cost: int = 200
+    # Recompute a shared value instead of storing it when that moves fewer bytes (see
+    # `GraphLowering._cheaper_to_recompute`); off unless the runtime asks (EMBER_RECOMPUTE).
+    recompute_shared: bool = False
+    recompute_cost: int = 32
 
 
 # The lowering table: ATen overload -> function building IR for one node (used with
@@ -602,14 +606,48 @@ class GraphLowering:
             if layout.size == result.size:
                 result.stride_hint = layout.stride
         cost = result.cost()
-        shared = len(node.users) > 1
-        if (
-            cost > self.options.max_inline_cost
-            or (shared and cost > self.options.realize_cost)
-            or (shared and result.buffers_read() > self.options.realize_reads)
+        users = len(node.users)
+        shared = users > 1
+        if cost > self.options.max_inline_cost or (
+            shared
+            and (
+                cost > self.options.realize_cost
+                or result.buffers_read() > self.options.realize_reads
+            )
+            and not self._cheaper_to_recompute(result, users)
         ):
             self.realize(result)
         return result
+
+    def _cheaper_to_recompute(self, value: LazyTensor, users: int) -> bool:
+        """Whether each of `users` readers recomputing `value` moves fewer bytes than
+        storing it once and reading it back `users` times, for a cheap body that reads
+        one buffer of the value's size and otherwise only buffers at most 1/16 of it
+        (per-row statistics, per-channel parameters). A softmax whose output feeds
+        both a column reduction and a later sum (softmax_chain) then reads its input
+        again instead of writing its output and reading that twice. Bodies drawing
+        random numbers, or reading two full-size buffers (a residual sum: kept lazy,
+        every later reader would re-read all the earlier addends), are stored."""
+        if not self.options.recompute_shared or value.cost() > self.options.recompute_cost:
+            return False
+        body = value.body()
+        if any(isinstance(n, Rand) for n in walk(body)):
+            return False
+        numel = sympy.Mul(*value.size)
+        large: list[Layout] = []
+        for name in {n.buffer for n in walk(body) if isinstance(n, Load)}:
+            layout = self.layouts.get(name)
+            if layout is None:
+                return False
+            size = sympy.Mul(*layout.size)
+            if sympy.simplify(size - numel) == 0:
+                large.append(layout)
+            elif not (size.is_number and numel.is_number and 16 * int(size) <= int(numel)):
+                return False
+        if len(large) != 1:
+            return False
+        read = users * large[0].dtype.itemsize
+        return read <= (users + 1) * value.dtype.itemsize
 
     def _realize_tree(self, value: Any, copy_inputs: bool) -> Any:
         if isinstance(value, LazyTensor):

@@ -170,6 +170,8 @@ def _build(
             allow_fallback=config.fallback,
             loops=loops,
             unsupported_ops=unsupported_ops(devices, config.kernels) if loops else frozenset(),
+            recompute_shared=config.recompute == "all"
+            or (config.recompute == "cuda" and any(d.type == "cuda" for d in devices)),
         )
         program = lower_graph(gm, name=name, options=options)
         verify(program)

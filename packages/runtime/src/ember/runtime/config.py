@@ -123,6 +123,14 @@ KNOBS: dict[str, Knob[Any]] = {
         "'channels-last' does so on every device (CPU included); 'keep' leaves layouts "
         "as the model gives them.",
     ),
+    "recompute": Knob(
+        "EMBER_RECOMPUTE",
+        lambda text: _choice(text, ("off", "cuda", "all")),
+        lambda: "off",
+        "Recompute a value read by several kernels instead of storing it, where that "
+        "moves fewer bytes (a softmax's output read by two reductions): 'cuda' for "
+        "CUDA graphs, 'all' for every device, 'off' (default: not yet measured on a GPU).",
+    ),
     "partitioner": Knob(
         "EMBER_PARTITIONER",
         lambda text: _choice(text, ("auto", "mincut", "save-all")),
@@ -197,6 +205,10 @@ class EmberConfig:
     def layout_devices(self) -> tuple[str, ...]:
         """The device types whose convolution graphs run channels-last."""
         return {"auto": ("cuda",), "channels-last": ("cuda", "cpu"), "keep": ()}[self.layout]
+
+    @property
+    def recompute(self) -> str:
+        return str(self.get("recompute"))
 
     @property
     def partitioner(self) -> str:
