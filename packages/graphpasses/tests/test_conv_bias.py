@@ -61,3 +61,14 @@ def test_channels_last_layout_and_cuda_default_are_kept() -> None:
     after = _run(gm, captured.inputs["inference"])
     torch.testing.assert_close(after[0], before[0], rtol=1e-5, atol=1e-6)
     assert after[0].stride() == before[0].stride()
+
+
+def test_the_default_pipeline_moves_biases_on_cuda_only() -> None:
+    """Even with channels-last layouts asked for on the CPU, CPU convolutions keep
+    their bias (oneDNN adds it inside the kernel, before the output is rounded)."""
+    from ember.graphpasses import default_pipeline
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).eval()
+    captured = aot_capture(model, torch.randn(2, 3, 9, 9))
+    gm, _ = default_pipeline(layout_devices=("cuda", "cpu")).run(captured.graph("inference"))
+    assert _biased(gm) == 1

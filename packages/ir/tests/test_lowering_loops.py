@@ -186,6 +186,9 @@ def test_small_pooling_windows_are_unrolled_and_match_eager_on_edge_values() -> 
     check(lambda x: F.avg_pool2d(x.nan_to_num(), 3, 2, 1, ceil_mode=True), x)
     large = check(lambda x: F.max_pool2d(x.nan_to_num(), 5, 1, 2, return_indices=True), x)
     assert any(isinstance(b.loop, Reduction) for b in computed(large))
+    # read back at fixed coordinates (no spatial variable left): taps still masked
+    check(lambda x: F.max_pool2d(x.nan_to_num(), 3, 2, 1)[:, :, 0, 0], x)
+    check(lambda x: F.avg_pool2d(x, 2, 2, ceil_mode=True).flatten(1), torch.randn(2, 3, 1, 1))
 
 
 def test_indirect_loads_and_scatters_match_eager() -> None:

@@ -10,7 +10,15 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.graphpasses import ember_decompositions
-from ember.ir import ComputedBuffer, ExternKernel, LoweringOptions, Program, lower_graph
+from ember.ir import (
+    ComputedBuffer,
+    ExternKernel,
+    Load,
+    LoweringOptions,
+    Program,
+    lower_graph,
+    walk,
+)
 from ember.scheduler import Schedule, kernel_bytes, run_schedule, schedule_program, unfused_bytes
 
 
@@ -322,3 +330,23 @@ def test_a_shared_masked_score_is_a_prologue_read_once(
         run_schedule(schedule_program(program), [scores, mask]), f(scores, mask), strict=True
     ):
         torch.testing.assert_close(actual, expected, equal_nan=True)
+
+
+def test_a_prologue_that_maps_dimension_by_dimension_keeps_plain_indices(
+    schedule: Callable[..., Schedule],
+) -> None:
+    """A per-row scale broadcast before a softmax: the product's loop is [rows, cols],
+    the softmax's [rows] x [cols], so the scale is read at the row index, not through
+    a floor and mod of the softmax's linear index."""
+
+    def f(x: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = x * b  # stored: read twice
+        return torch.softmax(a, -1), a + 1
+
+    x, b = torch.randn(6, 40), torch.randn(6, 1)
+    sched = schedule(f, x, b)
+    (kernel,) = sched.kernels
+    loads = [n for m in kernel.members for n in walk(m.body) if isinstance(n, Load)]
+    assert {str(n.index) for n in loads if n.buffer == "b_1"} == {"i0"}
+    for actual, expected in zip(run_schedule(sched, [x, b]), f(x, b), strict=True):
+        torch.testing.assert_close(actual, expected)

@@ -44,7 +44,8 @@ def default_pipeline(
     layout_devices: Sequence[str] = ("cuda",),
 ) -> PassManager:
     """The passes the runtime runs on every graph before lowering. Convolution graphs
-    on `layout_devices` run channels-last, with their biases as fusable adds."""
+    on `layout_devices` run channels-last; CUDA convolutions' biases become fusable
+    adds whatever the layout (CPU kernels add the bias inside the convolution)."""
     passes = [normalise_views, remove_noops]
     if patterns:
         passes.append(rewrite_patterns(DEFAULT_PATTERNS))
@@ -52,7 +53,7 @@ def default_pipeline(
         compose_permutes,
         pad_matmul(),
         channels_last_convolutions(layout_devices),
-        convolution_bias_epilogue(layout_devices),
+        convolution_bias_epilogue(),
         eliminate_common_subexpressions,
         fold_constants(max_constant_elements),
         eliminate_dead_code,

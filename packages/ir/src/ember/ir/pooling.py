@@ -27,7 +27,7 @@ import torch.fx
 from torch.utils._sympy.functions import FloorDiv
 
 from ember.ir.assemble import guard
-from ember.ir.expr import IndexExpr, Load, Node, Where, map_dag
+from ember.ir.expr import IndexExpr, Load, Node, Where, map_dag, replace_index
 from ember.ir.loops import Reduction
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import c, op
@@ -127,25 +127,29 @@ def _taps(
                     op("lt", IndexExpr(iw), IndexExpr(width)),
                 ),
             )
-            load = _guard_window(x.loader([*i[:-2], ih, iw]), mask, i[-2:])
-            found.append((mask, load, ih * width + iw))
+            found.append((mask, _guard_window(x, i, ih, iw, mask), ih * width + iw))
     return found
 
 
-def _guard_window(body: Node, mask: Node, spatial: Sequence[sympy.Expr]) -> Node:
-    """`body` with the loads that depend on the window's position masked by `mask`. A
-    load whose index has no spatial output coordinate (a batch norm's per-channel
-    weight, inlined from the producer) reads the same in-bounds element for every
-    tap: left unmasked, the taps share one load."""
-    symbols = set().union(*(sympy.sympify(e).free_symbols for e in spatial))
+def _guard_window(
+    x: LazyTensor, i: Sequence[sympy.Expr], ih: sympy.Expr, iw: sympy.Expr, mask: Node
+) -> Node:
+    """`x` at input row `ih`, column `iw` of output point `i`, with the loads that
+    depend on the window position masked by `mask`. The body is built at stand-in
+    coordinates first, so a load is masked exactly when its index moves with the
+    position. A load that does not (a batch norm's per-channel weight, inlined from
+    the producer) reads the same in-bounds element for every tap: left unmasked, the
+    taps share one load."""
+    row, col = sympy.Symbol("tap_row", integer=True), sympy.Symbol("tap_col", integer=True)
+    body = x.loader([*i[:-2], row, col])
 
     def add_mask(node: Node) -> Node:
-        if not isinstance(node, Load) or not (sympy.sympify(node.index).free_symbols & symbols):
+        if not isinstance(node, Load) or not ({row, col} & sympy.sympify(node.index).free_symbols):
             return node
         combined = mask if node.mask is None else op("logical_and", node.mask, mask)
         return replace(node, mask=combined)
 
-    return map_dag(body, add_mask)
+    return replace_index(map_dag(body, add_mask), {row: ih, col: iw})
 
 
 def _unrolled_max(

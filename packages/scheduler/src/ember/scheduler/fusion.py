@@ -146,7 +146,7 @@ class Placement:
 
     def expr(self, expr: sympy.Expr) -> sympy.Expr:
         if self.linear is not None and self.read is not None:
-            last = max(self.mapping, key=lambda v: v.name)  # the innermost variable
+            last = max(self.mapping, key=lambda v: int(v.name[1:]))  # the innermost variable
             scale = affine_coefficient(sympy.expand(expr), last)
             if scale is not None:
                 rest = sympy.expand(expr - scale * self.linear)
@@ -175,13 +175,11 @@ def _prologue_map(group: Group, loop: Reduction) -> Placement | None:
     point of each (outer, inner) pair, covering the member once: a column sum reads a
     row-major producer across its outputs, which no row-major split of the producer's
     loop matches. Otherwise row-major over the kernel's space (`_space_map`)."""
-    read = _read_map(group, loop)
-    if read is not None:
-        return read
     placed = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
-    if placed is None or not placed[1]:
-        return None
-    return Placement(placed[0])
+    covered = Placement(placed[0]) if placed is not None and placed[1] else None
+    if len(group.ranges) != 1 and covered is not None:
+        return covered  # dimension by dimension: no floors and mods to compute
+    return _read_map(group, loop) or covered
 
 
 def _read_map(group: Group, loop: Reduction) -> Placement | None:
@@ -193,7 +191,7 @@ def _read_map(group: Group, loop: Reduction) -> Placement | None:
     (a broadcast operand, such as an attention mask shared by the heads, keeps them
     apart) maps each variable to a floor and mod of E; its static sizes are needed."""
     ranges = group.ranges
-    if len(ranges) > 1 and not all(isinstance(r, sympy.Integer) for r in ranges):
+    if not ranges or (len(ranges) > 1 and not all(isinstance(r, sympy.Integer) for r in ranges)):
         return None
     variables = [index_var("i", k) for k in range(len(ranges))]
     places = [product(ranges[k + 1 :]) for k in range(len(ranges))]

@@ -138,7 +138,11 @@ def _storage_order(index: sympy.Expr, ranges: tuple[sympy.Expr, ...]) -> list[in
         if not guess.is_number:
             return None
         strides.append(int(guess))
-    order = sorted(range(len(ranges)), key=lambda d: -strides[d])
+    # size-1 dimensions keep their places (their stride is 0 and means nothing)
+    movable = [d for d in range(len(ranges)) if ranges[d] != 1]
+    order = list(range(len(ranges)))
+    for slot, d in zip(movable, sorted(movable, key=lambda d: -strides[d]), strict=True):
+        order[slot] = d
     return None if order == list(range(len(ranges))) else order
 
 
