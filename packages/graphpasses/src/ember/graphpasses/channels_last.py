@@ -100,8 +100,12 @@ class _CopyRule:
 
 
 def _bytes(value: torch.Tensor) -> int:
+    """Bytes of `value`; a symbolic size counts at its hint (the traced example's)."""
     numel = value.numel()
-    return int(numel) * value.element_size() if isinstance(numel, int) else 0
+    if not isinstance(numel, int):
+        hint = getattr(getattr(numel, "node", None), "hint", None)
+        numel = int(hint) if hint is not None else 1 << 40  # unknown: as if huge
+    return int(numel) * value.element_size()
 
 
 def _is_channels_last(value: torch.Tensor) -> bool:
@@ -187,14 +191,23 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], rule: _CopyRule
     ):
         _undo(gm, made, saved)
         return 0
-    for arg, _ in changed:
-        with graph.inserting_before(output):
-            back = graph.call_function(
-                aten.clone.default, (arg,), {"memory_format": torch.contiguous_format}
-            )
-        copy_debug_meta(arg, back)
-        infer_value(back, mode, PASS)
-        output.replace_input_with(arg, back)
+    backs: list[torch.fx.Node] = []
+    try:
+        for arg, _ in changed:
+            with graph.inserting_before(output):
+                back = graph.call_function(
+                    aten.clone.default, (arg,), {"memory_format": torch.contiguous_format}
+                )
+            backs.append(back)
+            copy_debug_meta(arg, back)
+            infer_value(back, mode, PASS)
+            output.replace_input_with(arg, back)
+    except Exception:  # leave the graph as it came
+        for back in backs:
+            output.replace_input_with(back, back.args[0])  # type: ignore[arg-type]  # a Node
+            graph.erase_node(back)
+        _undo(gm, made, saved)
+        return 0
     return len(made)
 
 
