@@ -204,7 +204,7 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], rule: _CopyRule
             output.replace_input_with(arg, back)
     except Exception:  # leave the graph as it came
         for back in backs:
-            output.replace_input_with(back, back.args[0])  # type: ignore[arg-type]  # a Node
+            output.replace_input_with(back, back.args[0])
             graph.erase_node(back)
         _undo(gm, made, saved)
         return 0
