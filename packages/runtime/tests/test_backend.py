@@ -335,6 +335,22 @@ def test_recompute_knob_keeps_eager_numbers_with_fewer_stored_values() -> None:
     assert before_first_kernel == [1, 0]
 
 
+def test_fuzzer_seed_60799_in_place_write_keeps_eager_numbers() -> None:
+    """The memory plan wrote silu(x) in place of a stored gelu that the same kernel
+    read afterwards (error 0.57 against eager); fixed in ember.scheduler.memory."""
+
+    def program(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s = torch.nn.functional.silu(x)
+        g = torch.nn.functional.gelu(torch.tanh(s))
+        return s, s + g, g.amin(-2, keepdim=True)
+
+    x = torch.randn(2, 2, 2, 2, generator=torch.Generator().manual_seed(60799))
+    torch._dynamo.reset()
+    actual = torch.compile(program, backend="ember")(x.clone())
+    for a, e in zip(actual, program(x.clone()), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
 def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:
     from torch._functorch import partitioners
 

@@ -149,9 +149,21 @@ def _inplace_donor(
             and last_use.get(candidate) == index
             and _same_storage_shape(ours[candidate], layout)
             and _read_only_at(kernel, candidate, member.index)
+            and not _read_after(kernel, candidate, name)
         ):
             return candidate
     return None
+
+
+def _read_after(kernel: FusedKernel, buffer: str, name: str) -> bool:
+    """Whether a member computed after `name` in the kernel loads `buffer`: it would
+    read what `name` stored there in place (fuzzer seed 60799: silu(x) stored over
+    gelu(tanh(silu(x))), which the next member then read back as if it were the gelu)."""
+    names = [m.name for m in kernel.members]
+    later = kernel.members[names.index(name) + 1 :]
+    return any(
+        isinstance(node, Load) and node.buffer == buffer for m in later for node in walk(m.body)
+    )
 
 
 def _read_only_at(kernel: FusedKernel, buffer: str, index: sympy.Expr) -> bool:
