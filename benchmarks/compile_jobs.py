@@ -25,19 +25,15 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch._dynamo.backends.common import aot_autograd
+from traffic_report import capture_graphs
 
 import ember.runtime  # noqa: F401
 from ember.codegen.triton import TRITON_CHOICES, UNSUPPORTED, plan_kernel, render_kernel
 from ember.codegen.triton.plan import SMALL_TRAFFIC, config_menu, traffic_bytes
-from ember.graphpasses import default_pipeline, ember_decompositions, rewrite_attention_pregrad
+from ember.graphpasses import default_pipeline
 from ember.ir import LoweringOptions, lower_graph
-from ember.runtime.backend import partition_fn
-from ember.runtime.bench.measure import step_fn
-from ember.runtime.bench.registry import MODELS
 from ember.scheduler import schedule_program
 
 os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # time compiles, never cache hits
@@ -56,44 +52,9 @@ _POINTER = {
 Job = tuple[str, str, dict[str, str], dict[str, int], dict[str, int]]
 
 
-class _Captured(Exception):
-    pass
-
-
 def graphs(name: str, mode: str) -> list[torch.fx.GraphModule]:
-    """The model's graphs after ember's pipeline, as its backend would see them."""
-    torch._dynamo.reset()
-    model, inputs = MODELS[name].build("gpu")
-    model = model.to(torch.bfloat16)
-    inputs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
-    found: list[torch.fx.GraphModule] = []
-
-    def compiler(kind: str) -> Any:
-        def capture(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            found.append(gm)
-            if kind != "forward":
-                raise _Captured
-            return gm.forward
-
-        return capture
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-        rewrite_attention_pregrad(gm)
-        return aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-            decompositions=ember_decompositions(),
-            partition_fn=partition_fn(),
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
-
-    try:
-        step_fn(torch.compile(model, backend=backend), list(inputs), mode)()
-    except Exception as exc:  # Dynamo wraps the capture signal
-        if "_Captured" not in repr(exc) and not isinstance(exc, _Captured):
-            raise
-    return found
+    """The model's graphs as its backend would see them (before ember's pipeline)."""
+    return [gm for _, gm in capture_graphs(name, mode)]
 
 
 def jobs_of(name: str, mode: str, directory: Path) -> tuple[list[Job], list[Job], list[int]]:

@@ -52,6 +52,45 @@ def report(gm: torch.fx.GraphModule, name: str, top: int, recompute: bool = Fals
         print(f"  {size / 1e6:9.1f} MB  {kernel}")
 
 
+def capture_graphs(name: str, mode: str) -> list[tuple[str, torch.fx.GraphModule]]:
+    """(kind, graph) for each graph AOTAutograd hands ember's backend for the model at
+    its GPU size in bfloat16 ('inference', or 'forward' and 'backward'), traced on
+    fake values on the CPU: nothing runs."""
+    torch._dynamo.reset()
+    model, inputs = MODELS[name].build("gpu")
+    model = model.to(torch.bfloat16)
+    inputs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
+    found: list[tuple[str, torch.fx.GraphModule]] = []
+
+    def compiler(kind: str) -> Any:
+        def capture(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            found.append((kind, gm))
+            if kind != "forward":  # the forward's backward is traced after it returns
+                raise _Captured
+            return gm.forward
+
+        return capture
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        rewrite_attention_pregrad(gm)
+        inner = aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=ember_decompositions(),
+            partition_fn=partition_fn(),
+            keep_inference_input_mutations=True,
+        )
+        return inner(gm, example_inputs)
+
+    try:
+        step_fn(torch.compile(model, backend=backend), list(inputs), mode)()
+    except Exception as exc:  # Dynamo wraps the capture signal
+        if "_Captured" not in repr(exc) and not isinstance(exc, _Captured):
+            raise
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="gpt2")
@@ -62,38 +101,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     for model_name in args.models.split(","):
-        torch._dynamo.reset()
-        model, inputs = MODELS[model_name].build("gpu")
-        model = model.to(torch.bfloat16)
-        inputs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
-
-        def compiler(kind: str, label: str = model_name) -> Any:
-            def capture(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-                report(gm, f"{label} {kind}", args.top, args.recompute)
-                if kind != "forward":  # the forward's backward is traced after it returns
-                    raise _Captured
-                return gm.forward
-
-            return capture
-
-        def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            rewrite_attention_pregrad(gm)
-            inner = aot_autograd(
-                fw_compiler=compiler("forward"),
-                bw_compiler=compiler("backward"),
-                inference_compiler=compiler("inference"),
-                decompositions=ember_decompositions(),
-                partition_fn=partition_fn(),
-                keep_inference_input_mutations=True,
-            )
-            return inner(gm, example_inputs)
-
-        step = step_fn(torch.compile(model, backend=backend), list(inputs), args.mode)
-        try:
-            step()
-        except Exception as exc:  # Dynamo wraps the capture signal
-            if "_Captured" not in repr(exc) and not isinstance(exc, _Captured):
-                raise
+        for kind, gm in capture_graphs(model_name, args.mode):
+            report(gm, f"{model_name} {kind}", args.top, args.recompute)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ still see every load's index.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import sympy
@@ -43,12 +44,12 @@ def in_range(expr: sympy.Expr, low: sympy.Expr, high: sympy.Expr) -> Node:
     return result
 
 
-def guard(body: Node, mask: Node) -> Node:
-    """`body` with every load masked by `mask` (it reads 0 where the mask is off), so
-    that lanes outside a piece never address its memory."""
+def guard(body: Node, mask: Node, only: Callable[[Load], bool] | None = None) -> Node:
+    """`body` with every load (or each one `only` picks) masked by `mask` (it reads 0
+    where the mask is off), so that lanes outside a piece never address its memory."""
 
     def add_mask(node: Node) -> Node:
-        if not isinstance(node, Load):
+        if not isinstance(node, Load) or (only is not None and not only(node)):
             return node
         combined = mask if node.mask is None else op("logical_and", node.mask, mask)
         return replace(node, mask=combined)

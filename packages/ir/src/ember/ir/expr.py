@@ -254,14 +254,20 @@ def map_dag(root: Node, rewrite: Callable[[Node], Node]) -> Node:
 
 def replace_index(root: Node, mapping: dict[sympy.Symbol, sympy.Expr]) -> Node:
     """The body with loop variables substituted in every index expression."""
+    return map_indices(root, lambda expr: sympy.sympify(expr).xreplace(mapping))
+
+
+def map_indices(root: Node, rewrite: Callable[[sympy.Expr], sympy.Expr]) -> Node:
+    """The body with `rewrite` applied to every index expression (loads, index
+    values, random counters)."""
 
     def substitute(node: Node) -> Node:
         if isinstance(node, Load):
-            return replace(node, index=sympy.sympify(node.index).xreplace(mapping))
+            return replace(node, index=rewrite(node.index))
         if isinstance(node, IndexExpr):
-            return replace(node, expr=node.expr.xreplace(mapping))
+            return replace(node, expr=rewrite(node.expr))
         if isinstance(node, Rand):
-            return replace(node, index=node.index.xreplace(mapping))
+            return replace(node, index=rewrite(node.index))
         return node
 
     return map_dag(root, substitute)

@@ -614,12 +614,12 @@ class GraphLowering:
                 cost > self.options.realize_cost
                 or result.buffers_read() > self.options.realize_reads
             )
-            and not self._cheaper_to_recompute(result, users)
+            and not self._cheaper_to_recompute(result, cost, users)
         ):
             self.realize(result)
         return result
 
-    def _cheaper_to_recompute(self, value: LazyTensor, users: int) -> bool:
+    def _cheaper_to_recompute(self, value: LazyTensor, cost: int, users: int) -> bool:
         """Whether each of `users` readers recomputing `value` moves fewer bytes than
         storing it once and reading it back `users` times, for a cheap body that reads
         one buffer of the value's size and otherwise only buffers at most 1/16 of it
@@ -628,7 +628,7 @@ class GraphLowering:
         again instead of writing its output and reading that twice. Bodies drawing
         random numbers, or reading two full-size buffers (a residual sum: kept lazy,
         every later reader would re-read all the earlier addends), are stored."""
-        if not self.options.recompute_shared or value.cost() > self.options.recompute_cost:
+        if not self.options.recompute_shared or cost > self.options.recompute_cost:
             return False
         body = value.body()
         if any(isinstance(n, Rand) for n in walk(body)):
@@ -639,7 +639,7 @@ class GraphLowering:
             layout = self.layouts.get(name)
             if layout is None:
                 return False
-            size = sympy.Mul(*layout.size)
+            size = layout.numel()
             if sympy.simplify(size - numel) == 0:
                 large.append(layout)
             elif not (size.is_number and numel.is_number and 16 * int(size) <= int(numel)):

@@ -18,7 +18,6 @@ source coordinate, computed as eager computes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import sympy
@@ -26,8 +25,8 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv
 
-from ember.ir.assemble import guard
-from ember.ir.expr import IndexExpr, Load, Node, Where, map_dag, replace_index
+from ember.ir.assemble import guard, in_range
+from ember.ir.expr import IndexExpr, Load, Node, Where, replace_index
 from ember.ir.loops import Reduction
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import c, op
@@ -114,19 +113,8 @@ def _taps(
     for a in range(kernel[0]):
         for b in range(kernel[1]):
             ih, iw = h0 + a * dilation[0], w0 + b * dilation[1]
-            mask = op(
-                "logical_and",
-                op(
-                    "logical_and",
-                    op("ge", IndexExpr(ih), IndexExpr(sympy.Integer(0))),
-                    op("lt", IndexExpr(ih), IndexExpr(height)),
-                ),
-                op(
-                    "logical_and",
-                    op("ge", IndexExpr(iw), IndexExpr(sympy.Integer(0))),
-                    op("lt", IndexExpr(iw), IndexExpr(width)),
-                ),
-            )
+            zero = sympy.Integer(0)
+            mask = op("logical_and", in_range(ih, zero, height), in_range(iw, zero, width))
             found.append((mask, _guard_window(x, i, ih, iw, mask), ih * width + iw))
     return found
 
@@ -141,15 +129,12 @@ def _guard_window(
     the producer) reads the same in-bounds element for every tap: left unmasked, the
     taps share one load."""
     row, col = sympy.Symbol("tap_row", integer=True), sympy.Symbol("tap_col", integer=True)
-    body = x.loader([*i[:-2], row, col])
-
-    def add_mask(node: Node) -> Node:
-        if not isinstance(node, Load) or not ({row, col} & sympy.sympify(node.index).free_symbols):
-            return node
-        combined = mask if node.mask is None else op("logical_and", node.mask, mask)
-        return replace(node, mask=combined)
-
-    return replace_index(map_dag(body, add_mask), {row: ih, col: iw})
+    body = guard(
+        x.loader([*i[:-2], row, col]),
+        mask,
+        only=lambda load: bool({row, col} & sympy.sympify(load.index).free_symbols),
+    )
+    return replace_index(body, {row: ih, col: iw})
 
 
 def _unrolled_max(

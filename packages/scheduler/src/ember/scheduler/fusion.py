@@ -26,7 +26,7 @@ the shared input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import sympy
 from torch.utils._sympy.functions import ModularIndexing
@@ -34,20 +34,18 @@ from torch.utils._sympy.functions import ModularIndexing
 from ember.ir import (
     ComputedBuffer,
     ExternKernel,
-    IndexExpr,
     Load,
     MultiOutput,
     Node,
     Op,
     Program,
-    Rand,
     walk,
 )
-from ember.ir.expr import map_dag, replace_index
+from ember.ir.expr import map_dag, map_indices, replace_index
 from ember.ir.loops import Pointwise, Reduction, Scatter
 from ember.ir.symbolic import index_var, product
 from ember.scheduler.choices import DeviceChoices
-from ember.scheduler.indexing import affine_coefficient, store_index
+from ember.scheduler.indexing import affine_coefficient, hint, store_index
 from ember.scheduler.iteration import merge_loop
 from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER
 
@@ -82,13 +80,6 @@ class Group:
 
     def loads(self) -> set[str]:
         return {n.buffer for m in self.members for n in walk(m.body) if isinstance(n, Load)}
-
-
-def hint(expr: sympy.Expr) -> int:
-    """A number for comparing sizes: every size symbol counted as 64."""
-    if expr.is_number:
-        return int(expr)
-    return int(expr.xreplace({s: sympy.Integer(64) for s in expr.free_symbols}))
 
 
 def body_cost(body: Node) -> int:
@@ -155,16 +146,7 @@ class Placement:
         return sympy.expand(sympy.sympify(expr).xreplace(self.mapping))
 
     def body(self, root: Node) -> Node:
-        def substitute(node: Node) -> Node:
-            if isinstance(node, Load):
-                return replace(node, index=self.expr(node.index))
-            if isinstance(node, IndexExpr):
-                return replace(node, expr=self.expr(node.expr))
-            if isinstance(node, Rand):
-                return replace(node, index=self.expr(node.index))
-            return node
-
-        return map_dag(root, substitute)
+        return map_indices(root, self.expr)
 
 
 def _prologue_map(group: Group, loop: Reduction) -> Placement | None:

@@ -25,7 +25,7 @@ from ember.ir import ComputedBuffer
 from ember.ir.expr import replace_index
 from ember.ir.loops import Pointwise, Reduction, Scatter
 from ember.ir.symbolic import index_var
-from ember.scheduler.indexing import affine_coefficient, body_exprs
+from ember.scheduler.indexing import affine_coefficient, body_exprs, hint
 from ember.scheduler.kernel import FusedKernel, KernelMember
 
 
@@ -134,10 +134,7 @@ def _storage_order(index: sympy.Expr, ranges: tuple[sympy.Expr, ...]) -> list[in
         coefficient = affine_coefficient(index, index_var("i", d))
         if coefficient is None:
             return None
-        guess = coefficient.xreplace({s: sympy.Integer(64) for s in coefficient.free_symbols})
-        if not guess.is_number:
-            return None
-        strides.append(int(guess))
+        strides.append(hint(coefficient))
     # size-1 dimensions keep their places (their stride is 0 and means nothing)
     movable = [d for d in range(len(ranges)) if ranges[d] != 1]
     order = list(range(len(ranges)))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sympy
 
 from ember.ir import InputBuffer, Layout, Load, Program, iter_refs, walk
-from ember.scheduler.fusion import hint
+from ember.scheduler.indexing import hint
 from ember.scheduler.kernel import POINTWISE, FusedKernel
 from ember.scheduler.schedule import Allocation, ExternCall, KernelStep, MemoryPlan, Step
 

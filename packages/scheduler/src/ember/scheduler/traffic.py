@@ -7,7 +7,7 @@ scheduler's fusion is judged (fused bytes against the unfused program's bytes).
 from __future__ import annotations
 
 from ember.ir import ComputedBuffer, Layout, Program
-from ember.scheduler.fusion import hint
+from ember.scheduler.indexing import hint
 from ember.scheduler.kernel import FusedKernel
 
 
