@@ -156,11 +156,40 @@ def gil_free_share(jobs: list[Job]) -> float:
     return counts[0] / (alone * (time.perf_counter() - start))
 
 
+_stage_seconds: Counter[str] = Counter()
+
+
+def time_stages() -> None:
+    """Time each stage of Triton's CUDA compile (ttir, ttgir, llir, ptx, cubin) into
+    `_stage_seconds`, by wrapping the stage functions the backend registers."""
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    original = CUDABackend.add_stages
+
+    def add_stages(self: object, stages: dict[str, object], *args: object) -> None:
+        original(self, stages, *args)  # type: ignore[arg-type]
+        for name, fn in list(stages.items()):
+
+            def timed(*a: object, _fn: object = fn, _name: str = name) -> object:
+                start = time.perf_counter()
+                try:
+                    return _fn(*a)  # type: ignore[operator]
+                finally:
+                    _stage_seconds[_name] += time.perf_counter() - start
+
+            stages[name] = timed
+
+    CUDABackend.add_stages = add_stages  # type: ignore[method-assign]
+
+
 def time_compiles(jobs: list[Job], workers: int) -> None:
     compile_one(jobs[0])  # first-use costs (imports, backend setup) out of the timings
+    time_stages()
     start, cpu = time.perf_counter(), _cpu_seconds()
     serial = [compile_one(j) for j in jobs]
     serial_s, serial_cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    stages = ", ".join(f"{k} {v:.2f}" for k, v in _stage_seconds.items())
+    print(f"serial compile stages (s): {stages}", flush=True)
     start = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(compile_one, jobs))
