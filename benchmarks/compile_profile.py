@@ -14,7 +14,9 @@ is the time its launchers spent choosing configs and waiting for Triton to compi
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -26,21 +28,30 @@ for _var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "EMBER_CACHE_DIR"):
 import torch  # noqa: E402
 
 import ember.runtime  # noqa: E402,F401  (registers the backend)
-from ember.runtime import compiler, triton_kernels  # noqa: E402
+from ember.runtime import compile_pool, compiler, triton_kernels  # noqa: E402
 from ember.runtime.bench.measure import prepare, step_fn  # noqa: E402
 
 
 def first_call_seconds(
-    model: torch.nn.Module, inputs: list[object], mode: str, backend: str
+    model: torch.nn.Module, inputs: list[object], mode: str, backend: str, stats: str = ""
 ) -> float:
+    """Seconds of the first call; with `stats`, a cProfile of it is written there."""
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
     step = step_fn(compiled, inputs, mode)  # type: ignore[arg-type]
+    profiler = cProfile.Profile() if stats else None
     start = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     step()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if profiler is not None:
+        profiler.disable()
+        with open(stats, "w") as out:
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
+    return seconds
 
 
 def main() -> None:
@@ -49,6 +60,7 @@ def main() -> None:
     parser.add_argument("--models", default="gpt2")
     parser.add_argument("--mode", default="inference")
     parser.add_argument("--skip-others", action="store_true", help="ember only (for A/B runs)")
+    parser.add_argument("--cprofile", default="", help="write a cProfile of ember's first calls")
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -61,17 +73,22 @@ def main() -> None:
             inductor = first_call_seconds(model, inputs, args.mode, "inductor")
         compiler.compile_records.clear()
         triton_kernels.first_launch_seconds[0] = 0.0
-        for phase in triton_kernels.precompile_seconds:
-            triton_kernels.precompile_seconds[phase] = 0.0
-        ember = first_call_seconds(model, inputs, args.mode, "ember")
+        for key in triton_kernels.precompile_stats:
+            triton_kernels.precompile_stats[key] = 0.0
+        for key in compile_pool.busy_seconds:
+            compile_pool.busy_seconds[key] = 0.0
+        stats = f"{args.cprofile}-{name}.txt" if args.cprofile else ""
+        ember = first_call_seconds(model, inputs, args.mode, "ember", stats)
         stages: dict[str, float] = {}
         for record in compiler.compile_records:
             for stage, seconds in record.stage_seconds.items():
                 stages[stage] = stages.get(stage, 0.0) + seconds
         kernels = sum(r.fused_kernels for r in compiler.compile_records)
         launch = triton_kernels.first_launch_seconds[0]
-        for phase, seconds in triton_kernels.precompile_seconds.items():
-            stages[f"[{phase}]"] = seconds
+        for key, value in triton_kernels.precompile_stats.items():
+            stages[f"[{key}]"] = value
+        for key, value in compile_pool.busy_seconds.items():
+            stages[f"[{key} s]"] = value
         rows.append((name, floor, inductor, ember, stages, launch, kernels))
         print(f"{name}: done", file=sys.stderr, flush=True)
     print(

@@ -1,69 +1,113 @@
-"""The Triton compile workers: jobs go out as JSON lines, one reply each, and a job a
-worker cannot compile is compiled in this process instead.
+"""The Triton compile workers: this process captures what Triton's jit would compile,
+a worker (Triton only, no torch) compiles it into Triton's disk cache, and a job a
+worker cannot compile is compiled here instead.
 
-On a machine without a GPU every job fails in a worker; the point here is that each
-failure comes back as a message and the job is handed to the local compiler exactly
-once, that the pool neither hangs nor loses a job, and that workers still starting
-are not waited for.
+Triton compiles for a CUDA target without a GPU (ptxas ships with it), so a worker
+compiles real requests here on the CPU; the capture step runs against a stand-in for
+the jit function (the real one needs a GPU: tests/cuda covers it).
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ember.runtime import compile_pool
 from ember.runtime.config import config
 
+HOPPER = ("cuda", 90, 32)
+KERNEL = """
+import triton
+import triton.language as tl
 
-def _job(path: Path, function: str) -> compile_pool.CompileJob:
-    return compile_pool.CompileJob(
+@triton.jit
+def double(x, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, tl.load(x + i, mask=i < n) * 2, mask=i < n)
+"""
+
+
+def _request(path: Path, function: str = "double", block: int = 64) -> compile_pool.CompileRequest:
+    return compile_pool.CompileRequest(
         path=str(path),
+        module="ember_test_kernel",
         function=function,
-        dtypes=("float32",),
-        ints=1,
-        blocks=(("XBLOCK", 16),),
-        num_warps=1,
-        num_stages=1,
-        device=0,
+        signature={"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+        constants={(3,): block},
+        attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
+        target=HOPPER,
+        options={"num_warps": 4, "num_stages": 1},
     )
 
 
-def _jobs(tmp_path: Path) -> list[compile_pool.CompileJob]:
-    source = tmp_path / "k.py"
-    source.write_text("def not_a_kernel(*args, **kwargs):\n    raise ValueError('boom')\n")
-    return [_job(source, "not_a_kernel"), _job(tmp_path / "missing.py", "k"), _job(source, "x")]
+class _Recorder:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.local: list[int] = []
+        self.loaded: list[int] = []
+
+    def compile_here(self, i: int) -> None:
+        with self.lock:
+            self.local.append(i)
+
+    def load(self, i: int) -> None:
+        with self.lock:
+            self.loaded.append(i)
 
 
-def test_failed_jobs_are_compiled_locally_once(tmp_path: Path) -> None:
-    jobs = _jobs(tmp_path)
-    local: list[int] = []
-    lock = threading.Lock()
-
-    def compile_here(i: int) -> None:
-        with lock:
-            local.append(i)
-
+@pytest.fixture
+def workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Two started workers, warmed up for sm_90, with a Triton cache of their own."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     with config.scope(compile_workers=2):
         try:
-            compile_pool.start()
+            assert compile_pool.start(HOPPER) == 2
             assert all(w.ready.wait(120) for w in compile_pool._workers)
-            failures = [compile_pool._workers[0].run(job) for job in jobs]
-            remote = compile_pool.compile_all(jobs, compile_here, threads=1)
+            yield compile_pool._workers
         finally:
             compile_pool._close_all()
+
+
+def test_a_worker_compiles_a_request_into_the_cache(tmp_path: Path, workers: Any) -> None:
+    source = tmp_path / "k.py"
+    source.write_text(KERNEL)
+    requests = [_request(source, block=64), _request(source, block=128), None]
+    seen = _Recorder()
+    remote = compile_pool.compile_all(requests, seen.compile_here, seen.load, threads=1)
+    assert remote == 2
+    assert sorted(seen.loaded) == [0, 1]
+    assert seen.local == [2]  # no request: compiled here
+    cubins = list((tmp_path / "triton-cache").rglob("double.cubin"))
+    assert len(cubins) == 2  # one binary per block size
+
+
+def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) -> None:
+    source = tmp_path / "k.py"
+    source.write_text("def not_a_kernel(*args, **kwargs):\n    raise ValueError('boom')\n")
+    requests = [
+        _request(source, "not_a_kernel"),
+        _request(tmp_path / "missing.py"),
+        _request(source, "absent"),
+    ]
+    failures = [workers[0].run(r.message()) for r in requests]
     assert all(f.startswith("error: ") for f in failures), failures
     assert "AttributeError" in failures[2]
-    assert remote == []
-    assert sorted(local) == [0, 1, 2]
+    seen = _Recorder()
+    assert compile_pool.compile_all(requests, seen.compile_here, seen.load, threads=1) == 0
+    assert sorted(seen.local) == [0, 1, 2]
+    assert seen.loaded == []
 
 
 def test_without_workers_everything_compiles_here(tmp_path: Path) -> None:
-    local: list[int] = []
+    seen = _Recorder()
     with config.scope(compile_workers=0):
         assert compile_pool.start() == 0
-        assert compile_pool.compile_all(_jobs(tmp_path), local.append, threads=1) == []
-    assert sorted(local) == [0, 1, 2]
+        requests = [_request(tmp_path / "k.py"), None]
+        assert compile_pool.compile_all(requests, seen.compile_here, seen.load, threads=2) == 0
+    assert sorted(seen.local) == [0, 1]
 
 
 def test_workers_exit_when_closed() -> None:
@@ -72,3 +116,65 @@ def test_workers_exit_when_closed() -> None:
         processes = [w.process for w in compile_pool._workers]
         compile_pool._close_all()
     assert all(p.poll() is not None for p in processes)
+
+
+class _Source:
+    def __init__(self) -> None:
+        self.signature = {"x": "*fp32", "n": "i32"}
+        self.constants = {(2,): 32}
+        self.attrs = {(0,): [["tt.divisibility", 16]]}
+
+
+class _Target:
+    backend, arch, warp_size = HOPPER
+
+
+class _Jit:
+    """Stands in for a Triton JITFunction: binding a device sets `compile`, and a
+    warm-up compiles unless it has the kernel already."""
+
+    __module__ = "ember_generated_kabc"
+    __name__ = "kernel"
+
+    def __init__(self) -> None:
+        self.compiled: list[Any] = []
+        self.compile: Any = None  # set when a device is first bound
+        self.device_caches = _Caches(self)
+
+    def real_compile(self, source: Any, target: Any = None, options: Any = None) -> str:
+        self.compiled.append(source)
+        return "binary"
+
+    def warmup(self) -> Any:
+        self.device_caches[0]
+        return self.compile(_Source(), target=_Target(), options={"num_warps": 8})
+
+
+class _Caches(dict[int, str]):
+    def __init__(self, jit: _Jit) -> None:
+        super().__init__()
+        self.jit = jit
+
+    def __missing__(self, device: int) -> str:
+        self.jit.compile = self.jit.real_compile  # what Triton's create_binder does
+        self[device] = "binder"
+        return "binder"
+
+
+def test_capture_records_the_compile_without_compiling() -> None:
+    jit = _Jit()
+    request = compile_pool.capture(jit, "/k.py", 0, jit.warmup)
+    assert request is not None
+    assert jit.compiled == []  # nothing compiled here
+    assert request.module == "ember_generated_kabc" and request.function == "kernel"
+    assert request.signature == _Source().signature and request.constants == {(2,): 32}
+    assert request.target == HOPPER and request.options == {"num_warps": 8}
+    assert jit.compile == jit.real_compile  # the jit's own compile is back
+    assert jit.warmup() == "binary" and len(jit.compiled) == 1
+
+
+def test_capture_gives_nothing_where_the_warm_up_compiles_nothing() -> None:
+    jit = _Jit()
+    assert compile_pool.capture(jit, "/k.py", 0, lambda: None) is None
+    assert compile_pool.capture(object(), "/k.py", 0, lambda: None) is None  # not a jit
+    assert jit.compile == jit.real_compile

@@ -85,9 +85,11 @@ def _channels_last_then(
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
-    on_cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+    cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
+    on_cuda = bool(cuda)
     if config.kernels == "auto" and on_cuda:
-        compile_pool.start()  # the workers import torch while AOTAutograd traces
+        # the workers start (and warm up) while AOTAutograd traces
+        compile_pool.start(compile_pool.cuda_target(cuda[0]))
     # Hand-written attention -> SDPA on Dynamo's graph, so that AOTAutograd traces
     # SDPA's own backward too (after the split, the saved softmax blocks the ATen pattern).
     gm = rewrite_attention_pregrad(gm).graph_module

@@ -1,92 +1,190 @@
 """Worker processes that compile Triton kernels into Triton's on-disk cache.
 
-Triton compiles a kernel the first time it is launched, in the launching thread, and
-most of a compile holds Python's interpreter lock: compiling a graph's kernels in
-threads only halved GPT-2's cold start on an H100. Worker processes compile in
-parallel for real. A worker does what the main process would (imports the kernel's
-module file and calls the jit function's `warmup` with arguments of the same dtypes
-and alignment), so the binary lands in the shared cache under the key the main
-process computes; the main process's own warm-up then only loads it.
+Why processes. On the H100 machine (16 cores, Triton 3.6), resnet50's 60 compile jobs
+took 17.3 s one after another, 6.4 s in 16 threads and 1.2 s in 16 processes
+(benchmarks/compile_jobs.py). A Python thread spinning beside the compiles keeps its
+full speed, so they do not hold the interpreter lock; still, threads in one process
+serialise somewhere inside Triton's compiler, and processes do not.
 
-Workers are plain subprocesses (`python -m ember.runtime.compile_pool`) speaking one
-JSON line per job over their stdin/stdout, not multiprocessing children: a spawned
-child re-imports the user's main script, which would re-run an unguarded training
-script. The pool starts when ember first compiles a graph with CUDA inputs (the
-backend calls `start()`), so the workers import torch while Dynamo and AOTAutograd
-are still tracing. It is off by default (`EMBER_COMPILE_WORKERS=0`): a worker takes
-seconds to import torch, so it rarely helps the first graph, and each holds a CUDA
-context of its own. Measured on an H200 with GPT-2 inference (before repeated layers
-shared one source): 22.0 s cold with threads only, 19.6 s with twelve workers.
-It stays off now that most kernels compile one to three configs (GPT-2 inference 29
-jobs, resnet50 57, both under four seconds of compiling): on a 2-core CPU machine
-(benchmarks/compile_jobs.py, Triton 3.9 compiling for sm_90) a Python thread spinning
-beside serial compiles kept 83% of its speed, so compiles leave the interpreter lock
-free most of the time and threads already scale (20 compiles: 2.5-3.0 s serial,
-1.6-2.2 s in two threads, 1.4-2.7 s in two processes), while starting two workers
-took 9-17 s, longer than the compiles they would share.
+Why workers import Triton only (ember/runtime/compile_worker.py, run by file path).
+Workers that imported torch and compiled through Triton's jit took 16 s to start (15
+at once), longer than most graphs take to compile, so they were off by default. A
+worker that imports Triton alone is ready in about 1.5 s, including its first
+compile (Triton loading its compiler libraries), well inside the seconds Dynamo and
+AOTAutograd trace before ember sees a graph. Such a worker cannot run Triton's jit
+(the jit's driver imports torch), so this process *captures* each compile: it runs
+the jit's warm-up with the kernel's compile step replaced by a recorder (`capture`),
+which keeps the source specialisation (signature, constants, attributes), the target
+and the options the jit would compile with. A worker compiles exactly that, which
+writes the binary under the key this process computes; this process's own warm-up
+then finds it in the cache and only loads it.
+
+Workers are plain subprocesses speaking pickled messages over stdin/stdout, not
+multiprocessing children: a spawned child re-imports the user's main script, which
+would re-run an unguarded training script. The pool starts when ember first sees a
+graph with CUDA inputs (the backend calls `start()`), and lives for the process (the
+backward graph comes later). `EMBER_COMPILE_WORKERS` sets their number; by default one
+per core but one, at most 16; 0 compiles in threads here.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
+import logging
 import os
+import pickle
 import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
 from ember.runtime.config import config
-from ember.runtime.loader import load_module
+
+log = logging.getLogger(__name__)
+_WORKER_SCRIPT = Path(__file__).with_name("compile_worker.py")
 
 
 @dataclass(frozen=True)
-class CompileJob:
-    """One kernel source and one launch config, described with plain values."""
+class CompileRequest:
+    """What Triton's jit would hand `triton.compile` for one kernel specialisation,
+    in values a worker can unpickle with Triton alone."""
 
     path: str  # the kernel module's file
+    module: str  # the module name this process loaded it under
     function: str
-    dtypes: tuple[str, ...]  # torch dtype names of the pointer arguments
-    ints: int  # how many int arguments follow them
-    blocks: tuple[tuple[str, int], ...]
-    num_warps: int
-    num_stages: int
-    device: int
+    signature: dict[str, str]
+    constants: dict[Any, Any]
+    attrs: dict[Any, Any]
+    target: tuple[str, Any, int]  # Triton's GPUTarget: backend, arch, warp size
+    options: dict[str, Any]
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "module": self.module,
+            "function": self.function,
+            "signature": self.signature,
+            "constants": self.constants,
+            "attrs": self.attrs,
+            "target": self.target,
+            "options": self.options,
+        }
+
+
+class _Captured(Exception):
+    def __init__(self, source: Any, target: Any, options: Any) -> None:
+        super().__init__("compile captured")
+        self.source, self.target, self.options = source, target, options
+
+
+def capture(fn: Any, path: str, device: int, warm: Callable[[], object]) -> CompileRequest | None:
+    """The compile request `warm()` (a warm-up of the jit function `fn`, defined in the
+    file at `path`, on CUDA device `device`) would make, without compiling: None
+    where it makes none (the kernel is already compiled in this process) or where
+    this Triton's jit does not work the way this relies on (it then compiles here).
+
+    Triton's jit compiles through its `compile` attribute, which it sets when it first
+    binds arguments for a device; binding first and then replacing the attribute
+    catches the call, and the original goes back afterwards."""
+    caches = getattr(fn, "device_caches", None)
+    if caches is None:
+        return None
+    with _capturing:
+        return _capture(fn, caches, path, device, warm)
+
+
+_capturing = threading.Lock()  # one capture at a time: each swaps a jit attribute
+
+
+def _capture(
+    fn: Any, caches: Any, path: str, device: int, warm: Callable[[], object]
+) -> CompileRequest | None:
+    try:
+        on_device = torch.cuda.device(device) if torch.cuda.is_available() else None
+        with on_device or contextlib.nullcontext():
+            caches[device]  # binds (and sets fn.compile) without compiling
+        original = fn.compile
+    except Exception as exc:
+        log.debug("no compile capture for %s: binding failed: %r", path, exc)
+        return None
+
+    def record(source: Any, target: Any = None, options: Any = None, **_: Any) -> Any:
+        raise _Captured(source, target, options)
+
+    fn.compile = record
+    try:
+        warm()
+    except _Captured as captured:
+        return _request(fn, path, captured)
+    except Exception as exc:
+        log.debug("no compile capture for %s: the warm-up failed: %r", path, exc)
+        return None
+    finally:
+        fn.compile = original
+    log.debug("no compile capture for %s: the warm-up compiled nothing", path)
+    return None
+
+
+def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
+    source, target, options = captured.source, captured.target, captured.options
+    try:
+        request = CompileRequest(
+            path=path,
+            module=fn.__module__,
+            function=fn.__name__,
+            signature=dict(source.signature),
+            constants=dict(source.constants),
+            attrs=dict(source.attrs),
+            target=(target.backend, target.arch, target.warp_size),
+            options=dict(options),
+        )
+        pickle.dumps(request.message())  # a value a worker cannot receive: compile here
+    except Exception as exc:
+        log.debug("no compile capture for %s: %r", path, exc)
+        return None
+    return request
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, target: tuple[str, int, int] | None) -> None:
+        arguments = [str(part) for part in target] if target is not None else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ember.runtime.compile_pool"],
+            [sys.executable, str(_WORKER_SCRIPT), *arguments],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
             env=os.environ.copy(),
         )
-        self.ready = threading.Event()  # set once the worker has imported torch
+        self.ready = threading.Event()  # set once the worker has done its first compile
         threading.Thread(target=self._wait_ready, daemon=True).start()
 
     def _wait_ready(self) -> None:
-        assert self.process.stdout is not None
-        if self.process.stdout.readline().strip() == "ready":
-            self.ready.set()
+        with contextlib.suppress(Exception):
+            if self._read() == "ready":
+                self.ready.set()
 
-    def run(self, job: CompileJob) -> str:
+    def _read(self) -> str:
+        assert self.process.stdout is not None
+        return str(pickle.load(self.process.stdout))
+
+    def run(self, request: dict[str, Any]) -> str:
         """'ok', or what went wrong."""
-        stdin, stdout = self.process.stdin, self.process.stdout
-        assert stdin is not None and stdout is not None
+        stdin = self.process.stdin
+        assert stdin is not None
         try:
-            stdin.write(json.dumps(asdict(job)) + "\n")
+            pickle.dump(request, stdin)
             stdin.flush()
-            return stdout.readline().strip() or "worker exited"
-        except OSError as exc:
+            return self._read()
+        except EOFError:
+            return "worker exited"
+        except (OSError, pickle.UnpicklingError) as exc:
             return f"worker unreachable: {exc}"
 
     def close(self) -> None:
@@ -103,58 +201,98 @@ class _Worker:
 
 
 _workers: list[_Worker] = []
+# Thread-seconds spent waiting on workers and loading what they compiled, summed over
+# graphs, for compile-time profiles (benchmarks/compile_profile.py).
+busy_seconds = {"in workers": 0.0, "loading": 0.0}
+_busy_lock = threading.Lock()
 
 
-def start() -> int:
-    """Start the workers (once); how many there are."""
+def _add(key: str, seconds: float) -> None:
+    with _busy_lock:
+        busy_seconds[key] += seconds
+
+
+def start(target: tuple[str, int, int] | None = None) -> int:
+    """Start the workers (once); how many there are. `target` (Triton's backend, arch,
+    warp size) lets each warm up by compiling for it before it says it is ready."""
     if not _workers and config.compile_workers > 0:
-        _workers.extend(_Worker() for _ in range(config.compile_workers))
+        _workers.extend(_Worker(target) for _ in range(config.compile_workers))
         atexit.register(_close_all)
     return len(_workers)
 
 
-def compile_all(
-    jobs: Sequence[CompileJob], local: Callable[[int], None], threads: int
-) -> list[int]:
-    """Run `jobs`: workers that are ready take them from a shared queue, and so do
-    `threads` threads here that call `local(i)` (compiling in this process). Returns
-    the indices of the jobs a worker compiled without error (their binaries are in
-    Triton's disk cache; the caller still loads them).
+def cuda_target(device: torch.device) -> tuple[str, int, int] | None:
+    """Triton's target for a CUDA device, or None off NVIDIA's CUDA (ROCm)."""
+    if torch.version.cuda is None:
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return ("cuda", major * 10 + minor, 32)
 
-    Workers still importing torch take no part: waiting for them would cost a small
-    graph more than compiling it here (twelve workers starting at once took ~10 s on
-    the GPU machine), and they are ready for the next graph (the backward, say).
-    """
-    start()
+
+def ready_workers() -> int:
+    return sum(w.ready.is_set() and w.process.poll() is None for w in _workers)
+
+
+def compile_all(
+    requests: Sequence[CompileRequest | None],
+    local: Callable[[int], None],
+    load: Callable[[int], None],
+    threads: int,
+) -> int:
+    """Compile every job: `requests[i]` describes job i for a worker (None: it can only
+    be compiled here). Ready workers take requests from a shared queue and, once one
+    compiled, call `load(i)` to load its binary from Triton's cache into this process.
+    Threads here call `local(i)` (compile here) for the rest, and for any job a worker
+    failed on, so that its error is reported where it happens: `threads` of them
+    without ready workers, two beside them (threads here scale poorly, see above).
+    Returns how many jobs workers compiled.
+
+    Workers still starting take no part: waiting for them would cost a small graph
+    more than compiling it here, and they are ready for the next graph."""
     pending: queue.Queue[int] = queue.Queue()
-    for i in range(len(jobs)):
+    for i in range(len(requests)):
         pending.put(i)
     remote: list[int] = []
 
-    def next_job() -> int | None:
-        try:
-            return pending.get_nowait()
-        except queue.Empty:
-            return None
+    def next_job(for_worker: bool) -> int | None:
+        while True:
+            try:
+                i = pending.get_nowait()
+            except queue.Empty:
+                return None
+            if for_worker and requests[i] is None:
+                local(i)  # a worker cannot take it: compile it here, then look on
+                continue
+            return i
 
     def feed(worker: _Worker) -> None:
-        while (i := next_job()) is not None:
-            if worker.run(jobs[i]) == "ok":
+        while (i := next_job(for_worker=True)) is not None:
+            request = requests[i]
+            assert request is not None
+            sent = time.perf_counter()
+            reply = worker.run(request.message())
+            replied = time.perf_counter()
+            _add("in workers", replied - sent)
+            if reply == "ok":
                 remote.append(i)
+                load(i)
+                _add("loading", time.perf_counter() - replied)
             else:
-                local(i)  # compiled here instead, where its error (if any) is reported
+                local(i)
 
     def work_here() -> None:
-        while (i := next_job()) is not None:
+        while (i := next_job(for_worker=False)) is not None:
             local(i)
 
-    pool = [threading.Thread(target=feed, args=(w,)) for w in _workers if w.ready.is_set()]
-    pool += [threading.Thread(target=work_here) for _ in range(max(1, threads))]
+    ready = [w for w in _workers if w.ready.is_set() and w.process.poll() is None]
+    pool = [threading.Thread(target=feed, args=(w,)) for w in ready]
+    here = min(2, threads) if ready else threads
+    pool += [threading.Thread(target=work_here) for _ in range(max(1, here))]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    return sorted(remote)
+    return len(remote)
 
 
 def _close_all() -> None:
@@ -171,50 +309,20 @@ def warm_up(
     num_warps: int,
     num_stages: int,
     device: int,
-) -> None:
-    """Compile the jit function `fn` for one launch config the way a real launch
-    specialises it: 16-byte-aligned pointers of `dtypes`, then `ints` sizes of an
-    int32 value (sizes are never specialised by value), on CUDA device `device`. Both
-    this process and the workers call this, so their cache keys agree."""
-    cuda = torch.device("cuda", device)
-    with torch.cuda.device(cuda):
-        args: list[object] = [torch.empty(16, dtype=d, device=cuda) for d in dtypes]
+) -> Any:
+    """Compile (or load) the jit function `fn` for one launch config the way a real
+    launch specialises it: 16-byte-aligned pointers of `dtypes`, then `ints` sizes of
+    an int32 value (sizes are never specialised by value), on CUDA device `device`.
+    Returns Triton's compiled kernel.
+
+    The pointers are Triton's stand-ins (`MockTensor`: a dtype and an aligned address),
+    not tensors: this runs while AOTAutograd traces, where a tensor made in the
+    tracing thread is a fake one without an address."""
+    from triton.runtime.jit import MockTensor
+
+    with torch.cuda.device(torch.device("cuda", device)):
+        args: list[object] = [MockTensor(d) for d in dtypes]
         args += [64] * ints
-        fn.warmup(*args, grid=(1,), **dict(blocks), num_warps=num_warps, num_stages=num_stages)
-
-
-def compile_job(job: dict[str, Any]) -> None:
-    """In a worker: compile one job into Triton's cache (the binary is discarded)."""
-    module = load_module(Path(job["path"]), {})  # the module name this process gives it
-    warm_up(
-        getattr(module, job["function"]),
-        [getattr(torch, name) for name in job["dtypes"]],
-        job["ints"],
-        [(name, value) for name, value in job["blocks"]],
-        job["num_warps"],
-        job["num_stages"],
-        job["device"],
-    )
-
-
-def _serve(requests: IO[str], replies: IO[str]) -> None:
-    import triton  # noqa: F401  (imported, like torch, before the parent sends work)
-
-    replies.write("ready\n")
-    replies.flush()
-    for line in requests:
-        try:
-            compile_job(json.loads(line))
-            reply = "ok"
-        except Exception as exc:  # reported to the parent, which compiles lazily instead
-            reply = f"error: {type(exc).__name__}: {exc}".replace("\n", " ")
-        replies.write(reply + "\n")
-        replies.flush()
-
-
-if __name__ == "__main__":
-    # Replies use a private copy of stdout; anything else written to fd 1 (by torch,
-    # Triton or the compilers they run) goes to stderr and cannot corrupt a reply.
-    _replies = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    _serve(sys.stdin, _replies)
+        return fn.warmup(
+            *args, grid=(1,), **dict(blocks), num_warps=num_warps, num_stages=num_stages
+        )

@@ -26,6 +26,13 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
 
 
+def _default_compile_workers() -> int:
+    """One Triton compile worker per core but one (this process traces meanwhile), at
+    most 16."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(0, min(16, (cores or 1) - 1))
+
+
 def _choice(text: str, allowed: tuple[str, ...]) -> str:
     value = text.strip().lower()
     if value not in allowed:
@@ -109,10 +116,10 @@ KNOBS: dict[str, Knob[Any]] = {
     "compile_workers": Knob(
         "EMBER_COMPILE_WORKERS",
         lambda text: max(0, int(text)),
-        lambda: 0,
-        "Worker processes that compile Triton kernels alongside this process (each "
-        "imports torch and holds a CUDA context); 0, the default, compiles in threads "
-        "here.",
+        lambda: _default_compile_workers(),
+        "Worker processes that compile Triton kernels for CUDA graphs alongside this "
+        "process (each imports Triton only); by default one per core but one, at most "
+        "16; 0 compiles in threads here.",
     ),
     "layout": Knob(
         "EMBER_LAYOUT",

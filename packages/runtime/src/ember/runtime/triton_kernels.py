@@ -25,7 +25,6 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -35,7 +34,6 @@ import triton
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
 from ember.runtime import compile_pool
-from ember.runtime.compile_pool import CompileJob
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
 
@@ -45,7 +43,10 @@ _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes
 # compile-time profiles: Triton compiles lazily, so this part of a cold start is not
 # in any CompileRecord.
 first_launch_seconds = [0.0]
-precompile_seconds = {"compile": 0.0, "load": 0.0}  # the two phases of `precompile`
+# What `precompile` did, summed over graphs, for compile-time profiles.
+precompile_stats = dict.fromkeys(
+    ("capture s", "compile s", "jobs", "captured", "by workers", "ready workers"), 0.0
+)
 
 
 def interpreting() -> bool:
@@ -78,13 +79,13 @@ def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
 
     Triton compiles lazily at a kernel's first launch, one config after another while
     the first call tunes: a graph of forty kernels with four configs each spent 30 s
-    there on an H100 (GPT-2). Worker processes (ember.runtime.compile_pool) compile
-    into Triton's disk cache in parallel; then threads here warm each kernel up,
-    which loads those binaries (or compiles, without workers). Sizes are specialised
-    by type only (do_not_specialize), so a sample value of each size symbol (64, an
-    i32) matches real calls; a call needing 64-bit sizes compiles its own variant
-    lazily. Failures are ignored here: the lazy path reports them (or skips a config
-    that does not fit) as before.
+    there on an H100 (GPT-2). Here the compiles run at once: in the worker processes of
+    ember.runtime.compile_pool where they are ready (each compile request is captured
+    here, compiled there into Triton's disk cache, and loaded here), otherwise in
+    threads here. Sizes are specialised by type only (do_not_specialize), so a sample
+    value of each size symbol (64, an i32) matches real calls; a call needing 64-bit
+    sizes compiles its own variant lazily. Failures are ignored here: the lazy path
+    reports them (or skips a config that does not fit) as before.
     """
     jobs: dict[tuple[str, LaunchConfig], tuple[TritonLauncher, LaunchConfig, torch.device]] = {}
     for launcher, device in work:
@@ -94,40 +95,48 @@ def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
     if not jobs:
         return
     entries = list(jobs.values())
-    described = [
-        CompileJob(
-            path=launcher.path,
-            function=launcher.kernel.function_name,
-            dtypes=tuple(str(d).removeprefix("torch.") for d in launcher.kernel.buffer_dtypes),
-            ints=len(launcher.kernel.size_arguments) + len(launcher.kernel.bounds_arguments),
-            blocks=candidate.blocks,
-            num_warps=candidate.num_warps,
-            num_stages=candidate.num_stages,
-            device=device.index or 0,
-        )
-        for launcher, candidate, device in entries
-    ]
     start = time.perf_counter()
-    remote = compile_pool.compile_all(described, lambda i: _warm(*entries[i]), threads=8)
-    middle = time.perf_counter()
-    if remote:  # load what the workers compiled (from Triton's disk cache)
-        with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
-            for future in [pool.submit(_warm, *entries[i]) for i in remote]:
-                future.exception()
-    precompile_seconds["compile"] += middle - start
-    precompile_seconds["load"] += time.perf_counter() - middle
+    requests: list[compile_pool.CompileRequest | None] = [None] * len(entries)
+    ready = compile_pool.ready_workers()
+    if ready:
+        for i, (launcher, candidate, device) in enumerate(entries):
+            warm = functools.partial(_warm_up, launcher, candidate, device)
+            requests[i] = compile_pool.capture(launcher.fn, launcher.path, device.index or 0, warm)
+    captured = time.perf_counter()
+
+    def compile_here(i: int) -> None:  # also loads what a worker compiled: a cache hit
+        _warm(*entries[i])
+
+    remote = compile_pool.compile_all(requests, compile_here, compile_here, threads=8)
+    precompile_stats["capture s"] += captured - start
+    precompile_stats["compile s"] += time.perf_counter() - captured
+    precompile_stats["jobs"] += len(entries)
+    precompile_stats["captured"] += sum(r is not None for r in requests)
+    precompile_stats["by workers"] += remote
+    precompile_stats["ready workers"] = max(precompile_stats["ready workers"], ready)
 
 
 def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
-    """Compile (or load from Triton's cache) one config; errors are left to the lazy
-    path, which reports them or skips a config that does not fit."""
+    """Compile (or load from Triton's cache) one config and load it onto the device;
+    errors are left to the lazy path, which reports them or skips a config that does
+    not fit.
+
+    Loading builds the binary's launcher, a C module per distinct argument signature
+    that Triton compiles with the host C compiler the first time it sees one: five for
+    resnet50, 0.37 s each, which ran one after another at the first call (H100
+    machine, cProfile). Here they build in parallel with the kernels' compiles."""
     with contextlib.suppress(Exception):
-        _warm_up(launcher, launch_config, device)
+        compiled = _warm_up(launcher, launch_config, device)
+        init_handles = getattr(compiled, "_init_handles", None)
+        if init_handles is not None:
+            with torch.cuda.device(device):
+                init_handles()
 
 
-def _warm_up(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
+def _warm_up(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> Any:
+    """The compiled kernel (Triton's), compiled or loaded from its caches."""
     kernel = launcher.kernel
-    compile_pool.warm_up(
+    return compile_pool.warm_up(
         launcher.fn,
         kernel.buffer_dtypes,
         len(kernel.size_arguments) + len(kernel.bounds_arguments),

@@ -1,0 +1,112 @@
+"""A Triton compile worker: run as a script, it imports Triton and nothing of torch.
+
+    python .../ember/runtime/compile_worker.py
+
+It is started by ember.runtime.compile_pool as a plain subprocess, by file path, so
+that importing it imports neither the `ember.runtime` package nor torch (which takes
+seconds and holds a CUDA context). It reads pickled compile requests from stdin and
+writes one pickled reply per request, "ok" or what went wrong:
+
+- a request is a dict with the kernel module's `path` and `module` name, the jit
+  `function`'s name, and the `signature`, `constants`, `attrs`, `target` and
+  `options` that the parent's jit would have handed `triton.compile` (the parent
+  captured them, see `compile_pool.capture`);
+- the worker compiles exactly that source specialisation, which writes the binary
+  into Triton's on-disk cache under the key the parent computes, so the parent's own
+  compile of the same kernel is a cache hit.
+
+It first compiles a tiny kernel of its own for the same target the parent names on
+the command line (Triton's first compile in a process loads its compiler libraries,
+about a second), then writes "ready".
+
+Replies go to a private copy of stdout; anything else written to fd 1 (by Triton or
+the tools it runs) goes to stderr and cannot corrupt a reply. Only the parent, our own
+process, writes the requests, so unpickling them is safe.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Run as a script, Python puts this file's directory first on the path, where
+# ember.runtime's own modules (config.py, logs.py, ...) would shadow same-named ones.
+sys.path[:] = [p for p in sys.path if p != (__file__.rpartition("/")[0] or ".")]
+
+import contextlib  # noqa: E402
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+import pickle  # noqa: E402
+from typing import IO, Any  # noqa: E402
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton is untyped
+def _warm_up_kernel(out, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # jit kernel
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, i.to(tl.float32) * 2.0, mask=i < n)
+
+
+_modules: dict[str, Any] = {}
+
+
+def _function(path: str, module_name: str, function: str) -> Any:
+    """The jit function `function` of the file at `path`, loaded under the module name
+    the parent gave it, so that nothing of the function differs from the parent's."""
+    module = _modules.get(path)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load kernel module {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _modules[path] = module
+    return getattr(module, function)
+
+
+def compile_request(request: dict[str, Any]) -> None:
+    """Compile one captured request into Triton's cache (the binary is not kept)."""
+    fn = _function(request["path"], request["module"], request["function"])
+    source = ASTSource(fn, request["signature"], request["constants"], request["attrs"])
+    backend, arch, warp_size = request["target"]
+    triton.compile(source, target=GPUTarget(backend, arch, warp_size), options=request["options"])
+
+
+def warm_up(backend: str, arch: int, warp_size: int) -> None:
+    signature = {"out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    source = ASTSource(_warm_up_kernel, signature, {(2,): 128}, {(0,): [["tt.divisibility", 16]]})
+    triton.compile(source, target=GPUTarget(backend, arch, warp_size), options={"num_warps": 4})
+
+
+def serve(requests: IO[bytes], replies: IO[bytes], target: tuple[str, int, int] | None) -> None:
+    if target is not None:
+        with contextlib.suppress(Exception):  # the real requests will say what is wrong
+            warm_up(*target)
+    pickle.dump("ready", replies)
+    replies.flush()
+    while True:
+        try:
+            request = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            compile_request(request)
+            reply = "ok"
+        except Exception as exc:  # reported to the parent, which compiles the kernel itself
+            reply = f"error: {type(exc).__name__}: {exc}".replace("\n", " ")
+        pickle.dump(reply, replies)
+        replies.flush()
+
+
+def main(argv: list[str]) -> None:
+    target = (argv[0], int(argv[1]), int(argv[2])) if len(argv) == 3 else None
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    serve(sys.stdin.buffer, replies, target)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
