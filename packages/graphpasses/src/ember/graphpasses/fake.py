@@ -76,8 +76,13 @@ def copy_debug_meta(source: torch.fx.Node, target: torch.fx.Node) -> None:
 
 def same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Statically equal sizes (symbolic sizes compare without adding guards)."""
-    return a.dim() == b.dim() and all(
-        _statically_equal(x, y) for x, y in zip(a.shape, b.shape, strict=True)
+    return has_shape(a, tuple(b.shape))
+
+
+def has_shape(a: torch.Tensor, shape: tuple[int | torch.SymInt, ...]) -> bool:
+    """`a`'s sizes are statically equal to `shape` (as `same_shape`)."""
+    return a.dim() == len(shape) and all(
+        _statically_equal(x, y) for x, y in zip(a.shape, shape, strict=True)
     )
 
 

@@ -64,6 +64,9 @@ class Pattern:
     check: Callable[[Match], bool] | None = None
     description: str = ""
     _graph: torch.fx.GraphModule | None = field(default=None, repr=False)
+    # What tracing `search` again gives for inputs of static sizes, by the inputs'
+    # metadata (see ember.graphpasses.rewrite.sizes_agree).
+    _retraced: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
     def graph(self) -> torch.fx.GraphModule:

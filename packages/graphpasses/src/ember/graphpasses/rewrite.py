@@ -26,7 +26,13 @@ from torch.fx.proxy import GraphAppendingTracer, Proxy
 
 from ember.graphpasses.dce import remove_dead_nodes
 from ember.graphpasses.errors import GraphPassError
-from ember.graphpasses.fake import copy_debug_meta, fake_mode_of, infer_value, same_shape
+from ember.graphpasses.fake import (
+    copy_debug_meta,
+    fake_mode_of,
+    has_shape,
+    infer_value,
+    same_shape,
+)
 from ember.graphpasses.matcher import Match, match_pattern
 from ember.graphpasses.passes import (
     PRESERVES_CORE_ATEN,
@@ -66,23 +72,68 @@ def sizes_agree(match: Match, mode: FakeTensorMode) -> bool:
     pattern = match.pattern
     values = [match.value(name) for name in pattern.inputs]
     scalars = [match.scalars[name] for name in pattern.scalars]
-    try:
-        with mode:
-            retraced = trace_search(pattern.search, values, scalars)
-    except Exception:  # the search function does not even run on these inputs
+    expected = _retrace(pattern, values, scalars, mode)
+    if expected is None:  # the search function does not even run on these inputs
         return False
-    expected = _tensor_nodes(retraced)
     traced = _tensor_nodes(pattern.graph)
     if len(expected) != len(traced):
         return False
-    for pattern_node, want in zip(traced, expected, strict=True):
-        if pattern_node.target != want.target:
+    for pattern_node, (target, shape) in zip(traced, expected, strict=True):
+        if pattern_node.target != target:
             return False
         node = match.nodes.get(pattern_node)
         have = node.meta.get("val") if node is not None else None
-        if not isinstance(have, torch.Tensor) or not same_shape(have, want.meta["val"]):
+        if not isinstance(have, torch.Tensor) or not has_shape(have, shape):
             return False
     return True
+
+
+Retraced = list[tuple[Any, tuple[int | torch.SymInt, ...]]]
+
+
+def _retrace(
+    pattern: Pattern, values: list[torch.Tensor], scalars: list[Any], mode: FakeTensorMode
+) -> Retraced | None:
+    """(target, sizes) of each tensor node of `pattern.search` traced on `values`
+    and `scalars`; None when it does not run on them.
+
+    A model's repeated layers match a pattern again and again with the same inputs
+    (12 GELUs of one size in BERT), and each trace is a `make_fx` run of tens of
+    milliseconds. With static sizes the trace depends only on the inputs' metadata,
+    the scalars and grad mode, so it is kept on the pattern under exactly those; a
+    symbolic size is traced every time (its answer belongs to its shape environment).
+    """
+    key = _trace_key(values, scalars)
+    if key is not None and key in pattern._retraced:
+        cached: Retraced | None = pattern._retraced[key]
+        return cached
+    try:
+        with mode:
+            retraced = trace_search(pattern.search, values, scalars)
+    except Exception:
+        result: Retraced | None = None
+    else:
+        result = [(n.target, tuple(n.meta["val"].shape)) for n in _tensor_nodes(retraced)]
+    static = result is None or all(type(x) is int for _, shape in result for x in shape)
+    if key is not None and static:
+        pattern._retraced[key] = result
+    return result
+
+
+def _trace_key(values: list[torch.Tensor], scalars: list[Any]) -> tuple[Any, ...] | None:
+    """What a trace on fake `values` of static sizes depends on; None if any size,
+    stride or offset is symbolic. Scalars by type and repr (0.0 is not -0.0)."""
+    parts: list[Any] = []
+    for v in values:
+        layout = (*v.shape, *v.stride(), v.storage_offset())
+        if not all(type(x) is int for x in layout):
+            return None
+        parts.append((type(v), v.dtype, v.device, layout, v.dim(), v.requires_grad))
+    return (
+        tuple(parts),
+        tuple((type(s), repr(s)) for s in scalars),
+        torch.is_grad_enabled(),
+    )
 
 
 def _build_replacement(

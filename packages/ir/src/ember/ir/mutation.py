@@ -18,7 +18,7 @@ import torch
 import torch.fx
 
 from ember.ir.errors import LoweringError, NotLowerable
-from ember.ir.expr import Load, loads
+from ember.ir.expr import Load
 from ember.ir.layout import Layout
 from ember.ir.loops import Pointwise, Scatter
 from ember.ir.nodes import BufferRef
@@ -40,7 +40,7 @@ def snapshot_readers(lowering: GraphLowering, buffer: str) -> None:
             if isinstance(item, LazyTensor) and (item.realized is None or item.borrowed):
                 pending.append(item)
     for item in pending:
-        if any(load.buffer == buffer for load in loads(item.body())):
+        if buffer in item.buffers():
             layout = Layout.contiguous(item.device, item.dtype, item.size)
             item.realized = lowering.store(Pointwise(item.size, item.body()), layout)
             item.borrowed = False

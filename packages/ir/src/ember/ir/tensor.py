@@ -42,6 +42,7 @@ class LazyTensor:
     # set for channels-last values of the graph (see GraphLowering._maybe_realize).
     stride_hint: tuple[sympy.Expr, ...] | None = None
     _body: Node | None = field(default=None, repr=False)
+    _buffers: frozenset[str] | None = field(default=None, repr=False)
 
     @property
     def ndim(self) -> int:
@@ -57,9 +58,18 @@ class LazyTensor:
         """How much work recomputing one element costs (ops, random draws, loads)."""
         return sum(0 if isinstance(n, (Const, IndexExpr, Cast)) else 1 for n in walk(self.body()))
 
+    def buffers(self) -> frozenset[str]:
+        """The names of the buffers computing one element loads from (computed once,
+        like the body they come from: a body never changes). Lowering asks this of
+        every pending value at each in-place write (ember.ir.mutation), so walking the
+        body each time made training graphs with many writes quadratic."""
+        if self._buffers is None:
+            self._buffers = frozenset(n.buffer for n in walk(self.body()) if isinstance(n, Load))
+        return self._buffers
+
     def buffers_read(self) -> int:
         """How many distinct buffers computing one element loads from."""
-        return len({n.buffer for n in walk(self.body()) if isinstance(n, Load)})
+        return len(self.buffers())
 
 
 def buffer_loader(name: str, layout: Layout) -> Loader:

@@ -257,6 +257,11 @@ class Fuser:
         self.alias_root: dict[str, str] = {}  # view -> the buffer it aliases
         self.sizes: dict[str, int] = {}
         self.store_indices: dict[str, sympy.Expr] = {}  # in each buffer's merged loop
+        self._reads_of: tuple[ComputedBuffer, frozenset[str]] | None = None
+        self._loaded_by: dict[Node, frozenset[str]] = {}
+        # Buffer name -> positions in `groups` of the groups computing or loading it:
+        # the only groups where placing a reader of that buffer can score (`_may_save`).
+        self._touching: dict[str, set[int]] = {}
 
     def run(self) -> list[Group]:
         for value in (*self.program.inputs, *self.program.constants):
@@ -294,7 +299,11 @@ class Fuser:
                 self.barriers.append((position, frozenset(self._root(n) for n in written)))
             return
         best: tuple[int, int, Group, Member] | None = None
-        for order, group in enumerate(self.groups):
+        reads = self._reads(buffer)
+        for order in sorted({k for name in reads for k in self._touching.get(name, ())}):
+            group = self.groups[order]
+            if not self._may_save(group, reads):
+                continue  # its score would be 0, and only a positive score is taken
             candidate = self._try(group, buffer)
             if candidate is None:
                 continue
@@ -304,12 +313,39 @@ class Fuser:
         if best is None:
             self._new_group(buffer, position)
             return
-        _, _, group, member = best
+        _, negative_order, group, member = best
         if member.kind == REDUCTION and not group.reduction_ranges:
             self._widen(group, buffer)
             member = self._try(group, buffer)[0]  # type: ignore[index]  # legal by construction
         group.members.append(member)
         self.group_of[buffer.name] = group
+        self._note(group, -negative_order)
+
+    def _reads(self, buffer: ComputedBuffer) -> frozenset[str]:
+        """What `buffer` reads, remembered for the buffer being placed: `_place` tries
+        it against every group, and each try asked again (a walk of its body)."""
+        if self._reads_of is None or self._reads_of[0] is not buffer:
+            self._reads_of = (buffer, frozenset(buffer.reads()))
+        return self._reads_of[1]
+
+    def _may_save(self, group: Group, reads: frozenset[str]) -> bool:
+        """Whether joining `group` can score above 0 (see `_score`): the buffer reads a
+        member, or (horizontal fusion) a buffer some member loads. Checking this first
+        skips the placement and inlining work for the many groups that cannot win."""
+        if any(m.buffer.name in reads for m in group.members):
+            return True
+        return self.choices.horizontal and any(
+            not reads.isdisjoint(self._loaded(m.body)) for m in group.members
+        )
+
+    def _loaded(self, body: Node) -> frozenset[str]:
+        """The buffers `body` loads. Bodies are immutable and hash-consed (identity is
+        equality), so the answer for one body object never changes."""
+        found = self._loaded_by.get(body)
+        if found is None:
+            found = frozenset(n.buffer for n in walk(body) if isinstance(n, Load))
+            self._loaded_by[body] = found
+        return found
 
     def _new_group(self, buffer: ComputedBuffer, position: int, *, closed: bool = False) -> None:
         loop = buffer.loop
@@ -319,6 +355,15 @@ class Fuser:
         group.members.append(Member(buffer, _kind(buffer), loop.body, index, False))
         self.groups.append(group)
         self.group_of[buffer.name] = group
+        self._note(group, len(self.groups) - 1)
+
+    def _note(self, group: Group, order: int) -> None:
+        """Index `group` under every buffer it computes or loads, for `_place`. The
+        index may only over-approximate (`_may_save` decides exactly), so a group is
+        noted again whenever a member joins and nothing is ever removed."""
+        for m in group.members:
+            for name in (m.buffer.name, *self._loaded(m.body)):
+                self._touching.setdefault(name, set()).add(order)
 
     def _widen(self, group: Group, reduction: ComputedBuffer) -> None:
         """Turn a pointwise group into the prologue of `reduction`'s kernel."""
@@ -413,12 +458,12 @@ class Fuser:
         # Joining `group` moves `buffer` back to the group's place, before any barrier
         # in between: allowed only when that barrier writes nothing it reads (a bias
         # gradient's cast may move back across an embedding gradient's scatter).
-        read_roots = {self._root(name) for name in buffer.reads()}
+        read_roots = {self._root(name) for name in self._reads(buffer)}
         for step, written in self.barriers:
             if step > group.position and (written is None or written & read_roots):
                 return False
         members = group.names()
-        for name in buffer.reads():
+        for name in self._reads(buffer):
             if name in members:
                 continue
             producer_group = self.group_of.get(name)
@@ -444,7 +489,7 @@ class Fuser:
         here = {(n.buffer, n.index) for n in walk(placed) if isinstance(n, Load)}
         shared = {name for name, index in here & in_group}
         saved = 0
-        for name in set(buffer.reads()):
+        for name in self._reads(buffer):
             if name in members:
                 saved += 2 * self.sizes.get(name, 0)
             elif name in shared and self.choices.horizontal:
