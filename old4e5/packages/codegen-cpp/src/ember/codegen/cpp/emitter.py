@@ -1,0 +1,214 @@
+"""The body emitter: an IR body DAG (ember.ir.expr) as C++ statements.
+
+Every node becomes one `const <type> tN = ...;` line, emitted once per scope (the DAG
+is walked children first and memoised, so shared subexpressions cost once, and a value
+computed in an enclosing scope is reused by inner ones). Loads read `p_<buffer>[index]`
+with the index printed by ember.codegen.cpp.indexing; half types convert through bits;
+masked loads read memory only where the mask holds; indirect loads rename `ind<k>` to
+the temporary of their k-th indirect value. Loads of a kernel-local reduction read the
+C++ value the loop emitter registered for it (`KernelContext.local_values`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from ember.codegen.cpp.dtypes import (
+    HALF_TYPES,
+    compute_type,
+    literal,
+    load_value,
+    round_to,
+    storage_type,
+    store_value,
+)
+from ember.codegen.cpp.errors import CppRenderError
+from ember.codegen.cpp.indexing import IndexPrintError, print_index
+from ember.codegen.cpp.ops_table import render_op
+from ember.ir import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.symbolic import indirect_var
+from ember.scheduler import FusedKernel
+
+
+@dataclass
+class KernelContext:
+    """What rendering one kernel needs to know beyond the body being emitted."""
+
+    kernel: FusedKernel
+    pointers: dict[str, str]  # buffer -> C++ parameter name
+    pointer_dtypes: dict[str, torch.dtype]  # buffer -> dtype of its parameter
+    local_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    member: str | None = None  # the member being emitted (for error messages)
+    # loads read from elsewhere than their buffer (a transposed stack tile): the
+    # C++ element, in the load's storage type
+    load_overrides: dict[Load, str] = field(default_factory=dict)
+    counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def error(self, what: str) -> CppRenderError:
+        return CppRenderError(what, self.kernel.name, self.member)
+
+    def ctype(self, dtype: torch.dtype) -> str:
+        return compute_type(dtype, self.kernel.name)
+
+    def index(self, expr: sympy.Expr, names: dict[sympy.Symbol, str] | None = None) -> str:
+        try:
+            return print_index(expr, names)
+        except IndexPrintError as exc:
+            raise self.error(str(exc)) from exc
+
+
+class Emitter:
+    """C++ lines at a current indentation, with nested scopes of memoised temporaries."""
+
+    def __init__(self, ctx: KernelContext, depth: int = 1) -> None:
+        self.ctx = ctx
+        self.lines: list[str] = []
+        self.depth = depth
+        self.scopes: list[dict[Node, str]] = [{}]
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text if text else "")
+
+    def raw(self, text: str) -> None:
+        """A line without indentation (preprocessor directives)."""
+        self.lines.append(text)
+
+    @contextmanager
+    def block(self, header: str, close: str = "}") -> Iterator[None]:
+        self.line(f"{header} {{" if header else "{")
+        self.depth += 1
+        self.scopes.append({})
+        try:
+            yield
+        finally:
+            self.scopes.pop()
+            self.depth -= 1
+            self.line(close)
+
+    def fresh(self) -> str:
+        return f"t{next(self.ctx.counter)}"
+
+    def _known(self, node: Node) -> str | None:
+        for scope in reversed(self.scopes):
+            if node in scope:
+                return scope[node]
+        return None
+
+    def value(self, root: Node) -> str:
+        """The temporary holding `root`'s value, emitting what is not yet computed."""
+        for node in walk(root):
+            if self._known(node) is None:
+                self.scopes[-1][node] = self._emit(node)
+        known = self._known(root)
+        assert known is not None
+        return known
+
+    def _define(self, dtype: torch.dtype, expression: str) -> str:
+        name = self.fresh()
+        self.line(f"const {self.ctx.ctype(dtype)} {name} = {expression};")
+        return name
+
+    def _emit(self, node: Node) -> str:
+        ctx = self.ctx
+        if isinstance(node, Const):
+            return self._define(node.dtype, literal(node.value, node.dtype, ctx.kernel.name))
+        if isinstance(node, IndexExpr):
+            text = ctx.index(node.expr)
+            if node.dtype != torch.int64:
+                text = f"static_cast<{ctx.ctype(node.dtype)}>({text})"
+            return self._define(node.dtype, text)
+        if isinstance(node, Load):
+            return self._load(node)
+        if isinstance(node, Op):
+            args = [self._known(a) or "" for a in node.args]
+            expression = render_op(node.name, args, ctx.kernel.name, ctx.member)
+            return self._define(node.dtype, round_to(node.dtype, expression))
+        if isinstance(node, Cast):
+            return self._define(node.dtype, self._cast(node))
+        if isinstance(node, Where):
+            c, a, b = (self._known(n) for n in (node.cond, node.a, node.b))
+            return self._define(node.dtype, f"{c} ? {a} : {b}")
+        if isinstance(node, Rand):
+            return self._rand(node)
+        raise ctx.error(f"body node {type(node).__name__}")
+
+    def _cast(self, node: Cast) -> str:
+        source = self._known(node.x)
+        if node.to == torch.bool:
+            return f"{source} != 0"
+        target = self.ctx.ctype(node.to)
+        if self.ctx.ctype(node.x.dtype) == target and node.to not in HALF_TYPES:
+            return f"{source}"
+        return round_to(node.to, f"static_cast<{target}>({source})")
+
+    def _rand(self, node: Rand) -> str:
+        seed = self.pointer(node.seed, torch.int64)
+        counter = self.ctx.index(sympy.expand(node.offset + node.index))
+        function = "rand_uniform" if node.distribution == "uniform" else "rand_normal"
+        if node.distribution not in ("uniform", "normal"):
+            raise self.ctx.error(f"random distribution {node.distribution!r}")
+        value = f"ember::{function}({seed}[0], {counter})"
+        if node.dtype != torch.float32:
+            value = round_to(node.dtype, f"static_cast<{self.ctx.ctype(node.dtype)}>({value})")
+        return self._define(node.dtype, value)
+
+    def pointer(self, buffer: str, dtype: torch.dtype) -> str:
+        """The C++ pointer to `buffer`'s storage, seen as elements of `dtype`."""
+        name = self.ctx.pointers[buffer]
+        if self.ctx.pointer_dtypes[buffer] == dtype:
+            return name
+        const = "" if name.startswith("out_") else "const "
+        return f"reinterpret_cast<{const}{storage_type(dtype)}*>({name})"
+
+    def stored_bits(self, body: Node, dtype: torch.dtype) -> str:
+        """C++ for the stored bits of `body` computed as `dtype`. A half-typed load
+        stored as its own dtype copies its bits, as torch's copies do: no conversion
+        through float, and a NaN keeps its sign and payload."""
+        if (
+            isinstance(body, Load)
+            and body.dtype == dtype
+            and dtype in HALF_TYPES
+            and body.mask is None
+            and body.buffer not in self.ctx.local_values
+        ):
+            return self._element(body)
+        return store_value(dtype, self.value(body))
+
+    def _element(self, node: Load) -> str:
+        """The stored element a direct load reads (its storage type, unconverted)."""
+        ctx = self.ctx
+        if node in ctx.load_overrides:
+            return ctx.load_overrides[node]
+        names = {
+            indirect_var(k): f"static_cast<int64_t>({self._known(n)})"
+            for k, n in enumerate(node.indirect)
+        }
+        index = ctx.index(node.index, names)
+        if node.indirect:
+            index_name = self.fresh()
+            self.line(f"const int64_t {index_name} = {index};")
+            check = f'ember::check_index("{ctx.kernel.name}", "{node.buffer}", {index_name}, -1);'
+            if node.mask is not None:
+                check = f"if ({self._known(node.mask)}) {check}"
+            self.raw("#ifdef EMBER_DEBUG_BOUNDS")
+            self.line(check)
+            self.raw("#endif")
+            index = index_name
+        return f"{self.pointer(node.buffer, node.dtype)}[{index}]"
+
+    def _load(self, node: Load) -> str:
+        ctx = self.ctx
+        if node.buffer in ctx.local_values:
+            member, which = ctx.kernel.local_value(node)
+            return self._define(node.dtype, ctx.local_values[member.name][which])
+        element = load_value(node.dtype, self._element(node))
+        if node.mask is not None:
+            other = literal(node.other, node.dtype, ctx.kernel.name)
+            element = f"{self._known(node.mask)} ? {element} : {other}"
+        return self._define(node.dtype, element)

@@ -1,0 +1,136 @@
+"""The entry point: a graph's fused kernels rendered into one C++17 translation unit.
+
+`render_kernels(kernels)` returns the source (the prelude, then one `extern "C"`
+function per kernel) and, per kernel, the argument list the runtime passes: one
+pointer per buffer of `kernel.buffer_arguments()` (the start of the buffer's storage;
+index expressions are storage offsets), then one `int64_t` per size symbol of
+`kernel.size_arguments()`. Rendering is pure text: nothing is compiled here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ember.codegen.cpp.dtypes import storage_type
+from ember.codegen.cpp.emitter import Emitter, KernelContext
+from ember.codegen.cpp.errors import CppRenderError
+from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
+from ember.codegen.cpp.prelude import PRELUDE
+from ember.codegen.cpp.reduction_loops import ReductionEmitter
+from ember.codegen.cpp.transpose_loops import emit_transposed, transposed_dim
+from ember.scheduler import FusedKernel
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class KernelArgument:
+    """One parameter of a rendered kernel."""
+
+    name: str  # the buffer's or size symbol's name in the schedule
+    kind: str  # 'buffer' or 'size'
+    dtype: torch.dtype  # the buffer's element dtype (int64 for sizes)
+    ctype: str  # the C++ parameter type
+    writes: bool = False  # the kernel writes this buffer
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """What the runtime needs to call one rendered kernel."""
+
+    name: str
+    arguments: tuple[KernelArgument, ...]
+
+
+@dataclass(frozen=True)
+class CppSource:
+    """One translation unit and the kernels it defines, in order."""
+
+    source: str
+    kernels: tuple[KernelInfo, ...]
+
+
+def render_kernels(kernels: Sequence[FusedKernel]) -> CppSource:
+    """Render the kernels of one graph into one translation unit."""
+    names = [k.name for k in kernels]
+    if len(set(names)) != len(names):
+        raise ValueError(f"kernel names must be unique in one translation unit: {names}")
+    parts = [PRELUDE]
+    infos = []
+    for kernel in kernels:
+        text, info = render_kernel(kernel)
+        parts.append(text)
+        infos.append(info)
+    return CppSource("\n".join(parts), tuple(infos))
+
+
+def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
+    """One kernel's `extern "C"` function (without the prelude) and its metadata."""
+    if not _IDENTIFIER.match(kernel.name):
+        raise CppRenderError(f"kernel name {kernel.name!r} (not a C identifier)", kernel.name)
+    arguments = kernel_arguments(kernel)
+    pointers = {
+        a.name: f"{'out' if a.writes else 'in'}_{_c_name(a.name)}"
+        for a in arguments
+        if a.kind == "buffer"
+    }
+    ctx = KernelContext(
+        kernel,
+        pointers=pointers,
+        pointer_dtypes={a.name: a.dtype for a in arguments if a.kind == "buffer"},
+    )
+    e = Emitter(ctx)
+    if kernel.is_scatter:
+        emit_scatter(e)
+    elif kernel.is_reduction:
+        ReductionEmitter(e).emit()
+    elif (d := transposed_dim(kernel)) is not None:
+        emit_transposed(e, d)
+    else:
+        emit_pointwise(e)
+    params = ", ".join(
+        f"{a.ctype} {pointers[a.name]}" if a.kind == "buffer" else f"int64_t {a.name}"
+        for a in arguments
+    )
+    header = f"// {kernel.name}: {_summary(kernel)}\n"
+    text = header + f'extern "C" void {kernel.name}({params}) {{\n' + "\n".join(e.lines) + "\n}\n"
+    return text, KernelInfo(kernel.name, arguments)
+
+
+def kernel_arguments(kernel: FusedKernel) -> tuple[KernelArgument, ...]:
+    """The parameters of `kernel`: its buffers, then its size symbols."""
+    written = set(kernel.outputs) | {m.mutates for m in kernel.members if m.mutates is not None}
+    try:
+        dtypes = kernel.buffer_dtypes()
+    except ValueError as exc:
+        raise CppRenderError(str(exc), kernel.name) from None
+    arguments = []
+    for name, dtype in zip(kernel.buffer_arguments(), dtypes, strict=True):
+        element = storage_type(dtype, kernel.name)
+        writes = name in written
+        ctype = f"{'' if writes else 'const '}{element}* __restrict__"
+        arguments.append(KernelArgument(name, "buffer", dtype, ctype, writes))
+    for symbol in kernel.size_arguments():
+        if not _IDENTIFIER.match(symbol.name):
+            raise CppRenderError(f"size symbol {symbol.name!r} (not a C identifier)", kernel.name)
+        arguments.append(KernelArgument(symbol.name, "size", torch.int64, "int64_t"))
+    return tuple(arguments)
+
+
+def _c_name(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def _summary(kernel: FusedKernel) -> str:
+    ranges = ", ".join(str(r) for r in kernel.ranges)
+    text = f"[{ranges}]"
+    if kernel.reduction_ranges:
+        text += " over [" + ", ".join(str(r) for r in kernel.reduction_ranges) + "]"
+    members = ", ".join(
+        f"{m.name} {m.reduction or m.kind}{'' if m.stored else ' (local)'}" for m in kernel.members
+    )
+    return f"{text}: {members}"

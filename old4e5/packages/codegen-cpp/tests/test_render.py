@@ -1,0 +1,163 @@
+"""Rendering tests (no compiler here): the ops table covers the protocol, golden
+sources for a few kernels, signatures and metadata, clear errors, index printing.
+
+Set EMBER_UPDATE_GOLDEN=1 to rewrite the golden files after an intended change."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from ember.codegen.cpp import (
+    OP_FORMATS,
+    PRELUDE,
+    UNSUPPORTED_OPS,
+    CppRenderError,
+    render_kernel,
+    render_kernels,
+)
+from ember.codegen.cpp.indexing import print_index
+from ember.codegen.cpp.ops_table import render_op
+from ember.graphpasses import ember_decompositions
+from ember.ir import Layout, Load, LoweringOptions, Op, lower_graph
+from ember.ir.ops import OP_NAMES
+from ember.ir.symbolic import index_var, indirect_var
+from ember.scheduler import POINTWISE, FusedKernel, KernelMember, schedule_program
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def kernels_of(fn: Callable[..., Any], *args: Any, symbolic: bool = False) -> list[FusedKernel]:
+    mode = "symbolic" if symbolic else "real"
+    gm = make_fx(fn, decomposition_table=ember_decompositions(), tracing_mode=mode)(*args)
+    return schedule_program(lower_graph(gm, options=LoweringOptions(loops=True))).kernels
+
+
+def test_ops_table_covers_the_protocol() -> None:
+    assert set(OP_FORMATS) | set(UNSUPPORTED_OPS) == set(OP_NAMES)
+    assert not set(OP_FORMATS) & set(UNSUPPORTED_OPS)
+
+
+def test_unsupported_op_is_named_with_its_kernel() -> None:
+    with pytest.raises(CppRenderError, match=r"op 'digamma'.*kernel 'k7'.*member 'buf3'"):
+        render_op("digamma", ["t0"], "k7", "buf3")
+    i0 = index_var("i", 0)
+    body = Op("special_bessel_j0", (Load("x", i0, torch.float32),), torch.float32)
+    layout = Layout.contiguous(torch.device("cpu"), torch.float32, (sympy.Integer(8),))
+    member = KernelMember("buf0", layout, POINTWISE, body, i0, stored=True)
+    kernel = FusedKernel("k0_pw_bessel", (sympy.Integer(8),), (), (member,), ("x",), ("buf0",))
+    with pytest.raises(CppRenderError, match=r"special_bessel_j0.*k0_pw_bessel"):
+        render_kernels([kernel])
+
+
+def _softmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1) * w
+
+
+GOLDEN_CASES: dict[str, Callable[[], list[FusedKernel]]] = {
+    "pointwise": lambda: kernels_of(
+        lambda x, y: (x * y).sigmoid(), torch.randn(8, 512), torch.randn(512)
+    ),
+    "softmax": lambda: kernels_of(_softmax, torch.randn(32, 100), torch.randn(100)),
+    "column_sum": lambda: kernels_of(lambda x: x.sum(0), torch.randn(100, 64)),
+    "transpose": lambda: kernels_of(lambda x: x.t().contiguous() * 2, torch.randn(64, 96)),
+    "masked_cat": lambda: kernels_of(
+        lambda x, y: torch.cat([x, y], 1), torch.randn(4, 3), torch.randn(4, 5)
+    ),
+    "embedding": lambda: kernels_of(
+        lambda i, w: F.embedding(i, w), torch.tensor([1, 3]), torch.randn(10, 4)
+    ),
+    "index_put": lambda: kernels_of(
+        lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True),
+        torch.randn(5, 4),
+        torch.tensor([0, 2, 0]),
+        torch.randn(3, 4),
+    ),
+    "welford_bf16": lambda: kernels_of(
+        lambda x: torch.var_mean(x.float(), -1)[0].to(torch.bfloat16), torch.randn(4, 8).bfloat16()
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_golden_source(name: str) -> None:
+    text = "\n".join(render_kernel(k)[0] for k in GOLDEN_CASES[name]())
+    path = GOLDEN / f"{name}.cpp"
+    if os.environ.get("EMBER_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"generated source of {name} changed (EMBER_UPDATE_GOLDEN=1)"
+
+
+def test_one_unit_with_prelude_and_metadata() -> None:
+    kernels = kernels_of(
+        lambda x, y: (x.softmax(-1) + y, x.sum(0)), torch.randn(4, 8), torch.randn(8), symbolic=True
+    )
+    unit = render_kernels(kernels)
+    assert unit.source.startswith(PRELUDE)
+    assert [info.name for info in unit.kernels] == [k.name for k in kernels]
+    for kernel, info in zip(kernels, unit.kernels, strict=True):
+        buffers = [a for a in info.arguments if a.kind == "buffer"]
+        sizes = [a for a in info.arguments if a.kind == "size"]
+        assert tuple(a.name for a in buffers) == kernel.buffer_arguments()
+        assert tuple(a.name for a in sizes) == tuple(s.name for s in kernel.size_arguments())
+        assert sizes and all(a.ctype == "int64_t" for a in sizes)
+        for a in buffers:
+            assert a.dtype == torch.float32
+            assert a.writes == (a.name in kernel.outputs)
+            assert a.ctype == ("float* __restrict__" if a.writes else "const float* __restrict__")
+        params = ", ".join(
+            f"float* __restrict__ out_{a.name}"
+            if a.writes
+            else f"const float* __restrict__ in_{a.name}"
+            for a in buffers
+        )
+        params += "".join(f", int64_t {a.name}" for a in sizes)
+        assert f'extern "C" void {kernel.name}({params})' in unit.source
+    assert "#include <omp.h>" in unit.source and "#include <vector>" not in unit.source
+
+
+def test_duplicate_kernel_names_are_refused() -> None:
+    (kernel,) = kernels_of(lambda x: x + 1, torch.randn(4))
+    with pytest.raises(ValueError, match="unique"):
+        render_kernels([kernel, kernel])
+
+
+def test_index_printer() -> None:
+    i0, i1, r0 = index_var("i", 0), index_var("i", 1), index_var("r", 0)
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    ind = indirect_var(0)
+    assert print_index(8 * i0 + r0) == "8*i0 + r0"
+    assert print_index(i0 * s0 - s0) == "i0*s0 - s0"
+    assert print_index(5 * i0 + i1 - 3) == "5*i0 + i1 - 3"
+    assert print_index(FloorDiv(i0, 12)) == "(i0 / 12)"
+    assert print_index(ModularIndexing(i0, 3, 4)) == "((i0 / 3) % 4)"
+    assert print_index(4 * ind + i1, {ind: "t5"}) == "i1 + 4*t5"
+    assert print_index(FloorDiv(ind, 3), {ind: "t5"}) == "ember::floordiv_i(t5, 3)"
+    assert print_index(sympy.Integer(2**40)) == "1099511627776LL"
+    assert print_index(s0**2) == "s0*s0"
+
+
+def test_index_printer_parenthesises_a_power_it_divides_by() -> None:
+    # `(s**3)//(s**2)` was printed `s*s*s / s*s` (= s**3): a loop ran s**2 times too far
+    # and a dynamic-shape kernel wrote far outside its buffer (heap corruption).
+    i0 = index_var("i", 0)
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    assert print_index(FloorDiv(s0**3, s0**2)) == "((s0*s0*s0) / (s0*s0))"
+    assert print_index(ModularIndexing(i0, s0**2, s0)) == "((i0 / (s0*s0)) % s0)"
+    assert print_index(sympy.Mod(i0, s0**2)) == "(i0 % (s0*s0))"
+    assert print_index(3 * i0 * s0**2) == "3*i0*s0*s0"
+    for s in (1, 2, 5):
+        value = eval(
+            print_index(FloorDiv(i0 + s0**3, s0**2)).replace("/", "//"), {"i0": 7, "s0": s}
+        )
+        assert value == (7 + s**3) // s**2

@@ -1,0 +1,144 @@
+"""Small @triton.jit helper functions that generated kernels call.
+
+Each helper is Triton source text under its name; a kernel's module contains only the
+helpers it uses (and the helpers those call), so every kernel file stands alone.
+
+The random-number helpers reproduce ember.ir.random bit for bit in 32-bit unsigned
+integer math: `mix` is the 32-bit integer hash, `ember_random_bits` the keyed counter
+hash, `ember_rand_uniform` its top 24 bits scaled into [0, 1). `ember_rand_normal` is
+Box-Muller over the uniforms of counters 2c and 2c + 1 (equal to the reference up to
+the last bits of log1p and cos, which no two math libraries share).
+"""
+
+from __future__ import annotations
+
+HELPERS: dict[str, str] = {
+    "ember_floordiv": """
+@triton.jit
+def ember_floordiv(a, b):
+    # Python // on integers: Triton's // truncates towards zero
+    quotient = a // b
+    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
+    return quotient - fix.to(quotient.dtype)
+""",
+    "ember_remainder": """
+@triton.jit
+def ember_remainder(a, b):
+    # Python % on integers: the result takes the divisor's sign
+    r = a % b
+    fix = (r != 0) & ((r < 0) != (b < 0))
+    return r + tl.where(fix, b, 0)
+""",
+    "ember_remainder_float": """
+@triton.jit
+def ember_remainder_float(a, b):
+    r = libdevice.fmod(a, b)
+    fix = (r != 0) & ((r < 0) != (b < 0))
+    return tl.where(fix, r + b, r)
+""",
+    "ember_mix32": """
+@triton.jit
+def ember_mix32(x):
+    # 32-bit wrapping multiplies done in uint64 and masked: the same bits, and no
+    # signed-overflow trap when kernels are built with debug=True.
+    x = x.to(tl.uint64)
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x = x ^ (x >> 16)
+    return x.to(tl.uint32)
+""",
+    "ember_random_bits": """
+@triton.jit
+def ember_random_bits(seed, counter):
+    counter = counter.to(tl.int64)
+    seed = seed.to(tl.int64)
+    lo = (counter & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((counter >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    h = ember_mix32(lo ^ (seed & 0xFFFFFFFF).to(tl.uint32))
+    key = ember_mix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
+    return ember_mix32(h ^ hi ^ key)
+""",
+    "ember_rand_uniform": """
+@triton.jit
+def ember_rand_uniform(seed, counter):
+    bits = ember_random_bits(seed, counter)
+    return (bits >> 8).to(tl.float32) * 5.960464477539063e-08
+""",
+    "ember_rand_normal": """
+@triton.jit
+def ember_rand_normal(seed, counter):
+    u1 = ember_rand_uniform(seed, counter * 2)
+    u2 = ember_rand_uniform(seed, counter * 2 + 1)
+    radius = libdevice.sqrt(-2.0 * libdevice.log1p(-u1))
+    return radius * libdevice.cos(6.2831854820251465 * u2)
+""",
+    "ember_max_combine": """
+@triton.jit
+def ember_max_combine(a, b):
+    # NaN wins, as in torch.amax
+    return tl.where((a != a) | (a > b), a, b)
+""",
+    "ember_min_combine": """
+@triton.jit
+def ember_min_combine(a, b):
+    return tl.where((a != a) | (a < b), a, b)
+""",
+    "ember_prod_combine": """
+@triton.jit
+def ember_prod_combine(a, b):
+    return a * b
+""",
+    "ember_argmax_combine": """
+@triton.jit
+def ember_argmax_combine(a, a_index, b, b_index):
+    # the larger value wins, NaN counts as largest, ties go to the smaller index
+    a_nan = a != a
+    b_nan = b != b
+    take_b = (b > a) | (b_nan & ~a_nan) | (((b == a) | (a_nan & b_nan)) & (b_index < a_index))
+    return tl.where(take_b, b, a), tl.where(take_b, b_index, a_index)
+""",
+    "ember_argmin_combine": """
+@triton.jit
+def ember_argmin_combine(a, a_index, b, b_index):
+    a_nan = a != a
+    b_nan = b != b
+    take_b = (b < a) | (b_nan & ~a_nan) | (((b == a) | (a_nan & b_nan)) & (b_index < a_index))
+    return tl.where(take_b, b, a), tl.where(take_b, b_index, a_index)
+""",
+    "ember_welford_combine": """
+@triton.jit
+def ember_welford_combine(mean_a, m2_a, count_a, mean_b, m2_b, count_b):
+    # Chan et al.: merge two partial (mean, M2, count) triples
+    count = count_a + count_b
+    delta = mean_b - mean_a
+    weight_b = tl.where(count == 0, 0.0, count_b / tl.where(count == 0, 1.0, count))
+    mean = mean_a + delta * weight_b
+    m2 = m2_a + m2_b + delta * delta * count_a * weight_b
+    return mean, m2, count
+""",
+}
+
+# helper -> the helpers it calls
+_CALLS: dict[str, tuple[str, ...]] = {
+    "ember_random_bits": ("ember_mix32",),
+    "ember_rand_uniform": ("ember_random_bits",),
+    "ember_rand_normal": ("ember_rand_uniform",),
+}
+
+
+def helper_source(used: set[str]) -> str:
+    """The source of the helpers in `used` and their callees, callees first."""
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered:
+            return
+        for callee in _CALLS.get(name, ()):
+            visit(callee)
+        ordered.append(name)
+
+    for name in sorted(used):
+        visit(name)
+    return "".join(HELPERS[name] for name in ordered)

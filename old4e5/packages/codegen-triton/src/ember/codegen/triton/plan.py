@@ -1,0 +1,425 @@
+"""How a fused kernel maps onto Triton blocks: the tiling, the index width, the
+candidate launch configs and the grid.
+
+Kinds of kernel:
+
+- `pointwise`: one block axis `x` over the flattened outer space.
+- `pointwise_2d`: two axes when the stores are contiguous along one loop variable and
+  some load along another (a transpose). The block is [YBLOCK, XBLOCK], `x` over the
+  store's contiguous variable, `y` over the others with the load's contiguous variable
+  innermost, so both sides are coalesced (Triton converts the layout in between).
+- `persistent_reduction`: block [XBLOCK, RBLOCK] with RBLOCK covering the whole
+  (static) row, so multi-stage kernels (softmax: max, sum, divide) read each input
+  once and keep the row in registers. When the loads are contiguous across outputs (a
+  short column, e.g. the final step of a split column sum) the configs tile 32 to 128
+  outputs per block, so each row of the block is whole cache lines.
+- `looped_reduction`: block [XBLOCK, RBLOCK] with a loop over the row per stage.
+  XBLOCK > 1 with a short RBLOCK when loads are contiguous along the outer variables
+  (a column sum, or the partial step of a split one: [outputs x rows] tiles, the
+  first COLUMN_XBLOCK outputs wide), XBLOCK = 1 with a long RBLOCK when along the row.
+- `scatter`: a pointwise kernel whose store index depends on data.
+
+Every grid is one-dimensional (CUDA limits the y and z axes to 65535 blocks): the
+program id is split into the axes' block numbers inside the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from ember.codegen.triton.printer import IndexPrinter, coefficient, upper_bound
+from ember.ir.expr import IndexExpr, Load, Rand, walk
+from ember.ir.symbolic import index_var
+from ember.scheduler import FusedKernel
+
+POINTWISE = "pointwise"
+POINTWISE_2D = "pointwise_2d"
+PERSISTENT = "persistent_reduction"
+LOOPED = "looped_reduction"
+SCATTER = "scatter"
+
+# Rows up to this many elements stay in registers (persistent reductions).
+PERSISTENT_MAX_RBLOCK = 8192
+# Below this extent a dimension is too short for a 2-D tile to pay.
+MIN_TILE_EXTENT = 16
+# Outputs per program of the first column-reduction config (what the scheduler's
+# split-reduction choice counts as one program: TRITON_CHOICES).
+COLUMN_XBLOCK = 64
+# Pointwise kernels over at least this many elements also try more elements per thread.
+LARGE_POINTWISE = 1 << 20
+# Kernels moving fewer bytes than this are not tuned; larger ones are timed with at
+# most MAX_TUNED configs (candidate_configs says why).
+SMALL_TRAFFIC = 4 << 20
+MAX_TUNED = 3
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One block axis: `name` ('x', 'y' or 'r'), its block-size parameter, and the
+    loop variables it flattens (outermost first) with their ranges."""
+
+    name: str
+    variables: tuple[sympy.Symbol, ...]
+    ranges: tuple[sympy.Expr, ...]
+
+    @property
+    def block(self) -> str:
+        return f"{self.name.upper()}BLOCK"
+
+    @property
+    def numel(self) -> sympy.Expr:
+        return sympy.expand(sympy.Mul(*self.ranges)) if self.ranges else sympy.Integer(1)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Block sizes (constexpr arguments), warps and pipeline stages for one launch."""
+
+    blocks: tuple[tuple[str, int], ...]
+    num_warps: int
+    num_stages: int = 1
+
+    def block(self, name: str) -> int:
+        return dict(self.blocks)[name]
+
+    def __str__(self) -> str:
+        sizes = ", ".join(f"{k}={v}" for k, v in self.blocks)
+        return f"{sizes}, num_warps={self.num_warps}, num_stages={self.num_stages}"
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """A one-dimensional grid: the product over `axes` of cdiv(numel, block)."""
+
+    axes: tuple[tuple[sympy.Expr, str], ...]  # (numel over size symbols, block name)
+
+    def __call__(self, config: LaunchConfig, sizes: Mapping[str, int]) -> tuple[int, int, int]:
+        return (self.function()(sizes, dict(config.blocks)), 1, 1)
+
+    def function(self) -> Callable[[Mapping[str, int], Mapping[str, int]], int]:
+        """The grid as a plain Python function of (sizes by name, blocks by name),
+        compiled once: it runs on every launch."""
+        cached = _GRID_FUNCTIONS.get(self.axes)
+        if cached is None:
+            cached = eval(f"lambda sizes, blocks: {self.python()}")  # our own text
+            _GRID_FUNCTIONS[self.axes] = cached
+        return cached
+
+    def python(self) -> str:
+        """The block count as a Python expression over `sizes[...]` and `blocks[...]`."""
+        parts = []
+        for numel, block in self.axes:
+            names = {s: f"sizes[{s.name!r}]" for s in numel.free_symbols}
+            text = IndexPrinter(names)(numel)
+            parts.append(f"(-(-{text} // blocks[{block!r}]))")
+        return " * ".join(parts) or "1"
+
+    def describe(self) -> str:
+        return " * ".join(f"cdiv({numel}, {block})" for numel, block in self.axes) or "1"
+
+
+_GRID_FUNCTIONS: dict[Any, Callable[[Mapping[str, int], Mapping[str, int]], int]] = {}
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    kind: str
+    axes: tuple[Axis, ...]  # in block-shape order
+    index_type: str  # 'tl.int32' or 'tl.int64'
+    rblock: int | None = None  # the fixed RBLOCK of a persistent reduction
+
+    def axis(self, name: str) -> Axis | None:
+        for a in self.axes:
+            if a.name == name:
+                return a
+        return None
+
+    @property
+    def grid(self) -> GridSpec:
+        return GridSpec(tuple((a.numel, a.block) for a in self.axes if a.name != "r"))
+
+
+def _static(expr: sympy.Expr) -> int | None:
+    return int(expr) if isinstance(expr, sympy.Integer) else None
+
+
+def hint(expr: sympy.Expr) -> int:
+    """A size guess for choosing configs: size symbols count as 4096."""
+    if expr.is_number:
+        return int(expr)
+    return int(expr.xreplace({s: sympy.Integer(4096) for s in expr.free_symbols}))
+
+
+def _accesses(kernel: FusedKernel) -> tuple[list[sympy.Expr], list[sympy.Expr]]:
+    """(store indices, load indices) of the kernel, direct accesses only."""
+    stores = [m.index for m in kernel.members if m.stored]
+    loads: list[sympy.Expr] = []
+    local = kernel.local_reductions
+    for m in kernel.members:
+        for node in walk(m.body):
+            if isinstance(node, Load) and not node.indirect and node.buffer not in local:
+                loads.append(node.index)
+    return stores, loads
+
+
+def _contiguous_var(expr: sympy.Expr, variables: tuple[sympy.Symbol, ...]) -> sympy.Symbol | None:
+    for var in reversed(variables):
+        if coefficient(expr, var) == 1:
+            return var
+    return None
+
+
+def _outer_vars(kernel: FusedKernel) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_var("i", d) for d in range(len(kernel.ranges)))
+
+
+def _reduction_vars(kernel: FusedKernel) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_var("r", d) for d in range(len(kernel.reduction_ranges)))
+
+
+def _transpose_axes(kernel: FusedKernel) -> tuple[Axis, Axis] | None:
+    variables = _outer_vars(kernel)
+    if len(variables) < 2:
+        return None
+    stores, loads = _accesses(kernel)
+    store_var = next((v for v in map(lambda e: _contiguous_var(e, variables), stores) if v), None)
+    if store_var is None:
+        return None
+    load_var = None
+    for expr in loads:
+        var = _contiguous_var(expr, variables)
+        if var is not None and var != store_var and coefficient(expr, store_var) != 0:
+            load_var = var
+            break
+    if load_var is None:
+        return None
+    extent = dict(zip(variables, kernel.ranges, strict=True))
+    for var in (store_var, load_var):
+        size = _static(extent[var])
+        if size is not None and size < MIN_TILE_EXTENT:
+            return None
+    others = [v for v in variables if v not in (store_var, load_var)] + [load_var]
+    y = Axis("y", tuple(others), tuple(extent[v] for v in others))
+    x = Axis("x", (store_var,), (extent[store_var],))
+    return y, x
+
+
+def _outer_contiguous(kernel: FusedKernel) -> bool:
+    """True when the reduction's loads are contiguous along an outer variable, not
+    along the row (a reduction over a leading dimension)."""
+    _, loads = _accesses(kernel)
+    outer, inner = _outer_vars(kernel), _reduction_vars(kernel)
+    along_row = along_outer = 0
+    for expr in loads:
+        if not any(expr.has(r) for r in inner):
+            continue
+        if _contiguous_var(expr, inner) is not None:
+            along_row += 1
+        elif _contiguous_var(expr, outer) is not None:
+            along_outer += 1
+    return along_outer > along_row
+
+
+def _index_type(kernel: FusedKernel) -> str:
+    """int32 index math when every static index provably stays below 2**31."""
+    extents = [*kernel.ranges, *kernel.reduction_ranges]
+    if any(_static(e) is None for e in extents):
+        return "tl.int64"
+    maxima = {index_var("i", d): int(r) for d, r in enumerate(kernel.ranges)}
+    maxima.update({index_var("r", d): int(r) for d, r in enumerate(kernel.reduction_ranges)})
+    total = math.prod(int(e) for e in extents) if extents else 1
+    exprs: list[sympy.Expr] = []
+    for m in kernel.members:
+        exprs.append(m.index)
+        for node in walk(m.body):
+            if isinstance(node, Load):
+                exprs.append(node.index)
+            elif isinstance(node, (IndexExpr, Rand)):
+                exprs.append(node.expr if isinstance(node, IndexExpr) else node.index)
+    bounds = [total]
+    for expr in exprs:
+        # terms holding an indirect value are int64 already (indices load as int64)
+        direct = sum(
+            (t for t in sympy.Add.make_args(sympy.expand(expr)) if not _has_indirect(t)),
+            sympy.Integer(0),
+        )
+        bound = upper_bound(direct, maxima)
+        if bound is None:
+            return "tl.int64"
+        bounds.append(bound)
+    return "tl.int32" if max(bounds) < 2**31 - 2**20 else "tl.int64"
+
+
+def _has_indirect(expr: sympy.Expr) -> bool:
+    return any(s.name.startswith("ind") for s in expr.free_symbols)
+
+
+def plan_kernel(kernel: FusedKernel, *, reduction: str | None = None) -> KernelPlan:
+    """Choose the tiling of `kernel`. `reduction` forces 'persistent' or 'looped'."""
+    index_type = _index_type(kernel)
+    outer = Axis("x", _outer_vars(kernel), kernel.ranges)
+    if kernel.is_scatter:
+        return KernelPlan(SCATTER, (outer,), index_type)
+    if not kernel.is_reduction:
+        tiles = _transpose_axes(kernel)
+        if tiles is not None:
+            return KernelPlan(POINTWISE_2D, tiles, index_type)
+        return KernelPlan(POINTWISE, (outer,), index_type)
+    row = Axis("r", _reduction_vars(kernel), kernel.reduction_ranges)
+    rnumel = _static(row.numel)
+    rblock = 1 << max(rnumel - 1, 0).bit_length() if rnumel is not None else None
+    limit = 256 if _outer_contiguous(kernel) else PERSISTENT_MAX_RBLOCK
+    persistent = rblock is not None and rblock <= limit
+    if reduction is not None:
+        if reduction == "persistent" and rblock is None:
+            raise ValueError(f"kernel {kernel.name}: a persistent reduction needs a static row")
+        persistent = reduction == "persistent"
+    if persistent:
+        return KernelPlan(PERSISTENT, (outer, row), index_type, rblock=rblock)
+    return KernelPlan(LOOPED, (outer, row), index_type)
+
+
+def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ...]:
+    """The launch configs the runtime compiles and times; the first is the guess.
+
+    Each config costs a Triton compile at a cold start (about 0.1 to 0.15 s of CPU
+    time on the GPU machine, mostly under Python's interpreter lock), and timing pays
+    only where the configs' run times differ by more than a launch costs. A kernel
+    whose estimated traffic (`traffic_bytes`) is under SMALL_TRAFFIC (4 MiB: ~1.3 us
+    at an H100's ~3 TB/s, less than the ~2-3 us between back-to-back launches) runs in
+    a few microseconds whatever its config, so it gets its guess alone: a config even
+    twice as slow loses ~1 us a call, and one compile saved repays 10^5 calls. Larger
+    kernels get at most MAX_TUNED configs of `config_menu`: the guess, then greedily
+    the menu entry farthest from those already kept (`_spread`), so the timed few
+    span block sizes and warps instead of neighbouring points (pointwise: 256, 1024
+    and 4096 elements per block, 4, 8 and 16 per thread, of six on the menu).
+    """
+    menu = config_menu(kernel, plan)
+    if traffic_bytes(kernel) < SMALL_TRAFFIC:
+        return menu[:1]
+    return _spread(menu, MAX_TUNED)
+
+
+def traffic_bytes(kernel: FusedKernel) -> int:
+    """Bytes `kernel` reads and writes, estimated from its accesses: each distinct
+    (buffer, index) load or store touches one element per point of the kernel
+    variables its index uses (a bias read by channel counts the channels, not the
+    whole loop nest). Size symbols count as `hint` guesses them, kernel-local values
+    not at all; an index that repeats elements (i // 2) is counted in full."""
+    extents = {index_var("i", d): r for d, r in enumerate(kernel.ranges)}
+    extents.update({index_var("r", d): r for d, r in enumerate(kernel.reduction_ranges)})
+    accesses: set[tuple[str, sympy.Expr, int]] = set()
+    local = kernel.local_reductions
+    for m in kernel.members:
+        if m.stored or m.mutates is not None:
+            copies = 2 if m.reduction == "welford" else 1  # mean and M2
+            for copy in range(copies):
+                accesses.add((m.name, m.index + copy, m.dtype.itemsize))
+        for root in (m.body, *m.indirect):
+            for node in walk(root):
+                if isinstance(node, Load) and node.buffer not in local:
+                    accesses.add((node.buffer, node.index, node.dtype.itemsize))
+    total = 0
+    for _, index, itemsize in accesses:
+        used = [extents[v] for v in sympy.sympify(index).free_symbols if v in extents]
+        total += itemsize * math.prod(hint(e) for e in used)
+    return total
+
+
+def _spread(menu: tuple[LaunchConfig, ...], count: int) -> tuple[LaunchConfig, ...]:
+    """The first config, then up to `count - 1` more: each time the one whose
+    smallest distance to those kept is largest (earlier on the menu on ties).
+    Distance: the summed |log2| ratios of block sizes and warps, plus the difference
+    in pipeline stages. Kept in menu order."""
+    if len(menu) <= count:
+        return menu
+
+    def distance(a: LaunchConfig, b: LaunchConfig) -> float:
+        blocks = dict(b.blocks)
+        apart = sum(abs(math.log2(v) - math.log2(blocks.get(k, v))) for k, v in a.blocks)
+        apart += abs(math.log2(a.num_warps) - math.log2(b.num_warps))
+        return apart + abs(a.num_stages - b.num_stages)
+
+    kept = [0]
+    while len(kept) < count:
+        rest = [i for i in range(len(menu)) if i not in kept]
+        far = max(rest, key=lambda i: (min(distance(menu[i], menu[k]) for k in kept), -i))
+        kept.append(far)
+    return tuple(menu[i] for i in sorted(kept))
+
+
+def config_menu(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ...]:
+    """Every launch config worth considering for `kernel`; the first is the guess.
+    `candidate_configs` shortens it; tests run a kernel under each entry."""
+    x = plan.axis("x")
+    assert x is not None
+    xnumel = hint(x.numel)
+    xcap = max(1 << max(xnumel - 1, 0).bit_length(), 1)
+    found: list[LaunchConfig] = []
+
+    def add(warps: int, stages: int = 1, **blocks: int) -> None:
+        sized = tuple((k, v) for k, v in blocks.items())
+        config = LaunchConfig(sized, warps, stages)
+        if config not in found:
+            found.append(config)
+
+    if plan.kind in (POINTWISE, SCATTER):
+        shapes = [(1024, 4), (512, 4), (2048, 8), (256, 2)]
+        if plan.kind == POINTWISE and xnumel >= LARGE_POINTWISE:
+            # 16 elements per thread: two 16-byte loads in flight per input in bf16
+            shapes += [(2048, 4), (4096, 8)]
+        for block, warps in shapes:
+            size = max(min(block, xcap), 16)
+            add(max(1, min(warps, size // 128)), XBLOCK=size)
+    elif plan.kind == POINTWISE_2D:
+        y = plan.axis("y")
+        assert y is not None
+        ycap = max(1 << max(hint(y.numel) - 1, 0).bit_length(), 1)
+        for yb, xb, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 4), (64, 128, 8)):
+            add(warps, YBLOCK=min(yb, ycap), XBLOCK=min(xb, xcap))
+    elif plan.kind == PERSISTENT and _outer_contiguous(kernel):
+        # [outputs x rows] tiles again (a short column, e.g. the final step of a split
+        # column sum): wide enough along the outputs for whole 128-byte lines per row
+        rblock = plan.rblock
+        assert rblock is not None
+        for xb in (COLUMN_XBLOCK, 32, 2 * COLUMN_XBLOCK):
+            xb = max(1, min(xb, xcap))
+            elements = xb * rblock
+            if elements > 16384:
+                continue
+            warps = 16 if elements >= 8192 else 8 if elements >= 2048 else 4
+            add(warps, XBLOCK=xb, RBLOCK=rblock)
+        if not found:
+            add(16, XBLOCK=max(1, min(16384 // rblock, xcap)), RBLOCK=rblock)
+    elif plan.kind == PERSISTENT:
+        rblock = plan.rblock
+        assert rblock is not None
+        budget = 8192 if rblock >= 1024 else 4096
+        xblocks = [1, 2, 4] if rblock >= 1024 else [budget // rblock // 4, budget // rblock, 8]
+        for xb in xblocks:
+            xb = max(1, min(xb, xcap, budget // rblock))
+            elements = xb * rblock
+            warps = (
+                16 if elements >= 8192 else 8 if elements >= 2048 else 4 if elements >= 256 else 2
+            )
+            add(warps, XBLOCK=xb, RBLOCK=rblock)
+            if warps == 8 and elements >= 4096:
+                add(16, XBLOCK=xb, RBLOCK=rblock)
+    elif _outer_contiguous(kernel):
+        # [outputs x rows] tiles, loads contiguous along the outputs; narrow column
+        # blocks keep enough programs busy when there are few columns (the scheduler
+        # splits long columns so that COLUMN_XBLOCK-wide tiles fill the GPU)
+        for xb, rb, warps in ((COLUMN_XBLOCK, 32, 4), (32, 64, 4), (16, 128, 4), (8, 256, 8)):
+            add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
+        if xnumel >= 64 * COLUMN_XBLOCK:
+            # many programs already: a wider tile, 256 bytes of bf16 per row
+            add(8, 1, XBLOCK=min(2 * COLUMN_XBLOCK, xcap), RBLOCK=32)
+    else:
+        for xb, rb, warps in ((1, 2048, 8), (1, 1024, 4), (1, 4096, 8), (4, 256, 4)):
+            add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
+    return tuple(found)

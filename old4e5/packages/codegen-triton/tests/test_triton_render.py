@@ -1,0 +1,145 @@
+"""Rendering behaviour: the op table covers the ops protocol, unsupported things fail
+clearly, plans and configs follow the kernel's shape, sources are valid Python."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+
+import pytest
+import sympy
+import torch
+from triton_cases import fused_kernels, randn
+
+from ember.codegen.triton import (
+    TRITON_OPS,
+    UNSUPPORTED,
+    LaunchConfig,
+    UnsupportedKernelError,
+    plan_kernel,
+    render_kernel,
+)
+from ember.ir import Op
+from ember.ir.ops import OP_NAMES
+
+
+def test_every_op_is_rendered_or_listed_unsupported() -> None:
+    assert set(TRITON_OPS) | set(UNSUPPORTED) == OP_NAMES
+    assert not set(TRITON_OPS) & set(UNSUPPORTED)
+    for name, (floating, integral) in TRITON_OPS.items():
+        assert floating or integral, name
+        for template in (floating, integral):
+            assert template is None or "\n" not in template
+
+
+def test_unsupported_op_names_op_and_kernel() -> None:
+    kernel = fused_kernels(lambda x: torch.exp(x) + 1, randn(8))[0]
+    member = kernel.members[0]
+    body = Op("digamma", (member.body,), torch.float32)
+    broken = replace(kernel, members=(replace(member, body=body),))
+    with pytest.raises(UnsupportedKernelError, match=r"digamma.*|.*k0") as info:
+        render_kernel(broken)
+    assert "digamma" in str(info.value) and kernel.name in str(info.value)
+
+
+def test_prod_scatter_is_refused_clearly() -> None:
+    kernels = fused_kernels(
+        lambda x, i, v: x.index_add(0, i, v), randn(10, 8), torch.tensor([1, 1]), randn(2, 8)
+    )
+    scatter = kernels[-1]
+    member = replace(scatter.members[0], scatter_reduce="prod")
+    with pytest.raises(UnsupportedKernelError, match="prod"):
+        render_kernel(replace(scatter, members=(member,)))
+
+
+def test_sources_parse_and_name_the_kernel() -> None:
+    kernels = fused_kernels(
+        lambda x, w: (torch.softmax(x, -1) * w, x.t().contiguous(), x.argmax(0)),
+        randn(64, 48),
+        randn(48),
+    )
+    for kernel in kernels:
+        rendered = render_kernel(kernel)
+        tree = ast.parse(rendered.source)
+        functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        assert rendered.function_name in functions
+        assert kernel.name.endswith(rendered.function_name)  # k3_red_sum -> red_sum
+        assert rendered.buffer_arguments == kernel.buffer_arguments()
+        assert rendered.configs
+
+
+def test_plans_follow_the_kernel_shape() -> None:
+    (softmax,) = fused_kernels(lambda x: torch.softmax(x, -1), randn(8, 4096))
+    assert plan_kernel(softmax).kind == "persistent_reduction"
+    (long_rows,) = fused_kernels(lambda x: torch.softmax(x, -1), randn(2, 20000))
+    assert plan_kernel(long_rows).kind == "looped_reduction"
+    (transpose,) = fused_kernels(lambda x: x.t().contiguous(), randn(64, 32))
+    plan = plan_kernel(transpose)
+    assert plan.kind == "pointwise_2d"
+    # x (the fast block axis) runs along the store's contiguous variable
+    x_axis = plan.axis("x")
+    assert x_axis is not None and x_axis.ranges == (sympy.Integer(64),)
+
+
+def test_index_width() -> None:
+    (small,) = fused_kernels(lambda x: x + 1, randn(1024))
+    assert plan_kernel(small).index_type == "tl.int32"
+    (dynamic,) = fused_kernels(lambda x: x + 1, randn(6, 4), dynamic=True)
+    assert plan_kernel(dynamic).index_type == "tl.int64"
+
+
+def test_dynamic_sizes_are_arguments_not_specialised() -> None:
+    (kernel,) = fused_kernels(lambda x: x * 2, randn(6, 4), dynamic=True)
+    rendered = render_kernel(kernel)
+    assert rendered.size_arguments == tuple(s.name for s in kernel.size_arguments())
+    assert rendered.size_arguments
+    assert "do_not_specialize" in rendered.source
+    config = rendered.configs[0]
+    sizes = dict.fromkeys(rendered.size_arguments, 100)
+    blocks = config.block("XBLOCK")
+    expected = -(
+        -int(kernel.ranges[0].xreplace({s: 100 for s in kernel.ranges[0].free_symbols})) // blocks
+    )
+    assert rendered.grid(config, sizes) == (expected, 1, 1)
+
+
+def test_grid_two_axes() -> None:
+    (kernel,) = fused_kernels(lambda x: x.t().contiguous(), randn(100, 70))
+    rendered = render_kernel(kernel)
+    config = LaunchConfig((("YBLOCK", 32), ("XBLOCK", 64)), 4)
+    # y: the 70 output rows in blocks of 32; x: the 100 contiguous columns in blocks of 64
+    assert rendered.grid(config, {}) == (3 * 2, 1, 1)
+
+
+def test_low_precision_computes_in_float32() -> None:
+    (kernel,) = fused_kernels(lambda x: x * 3, randn(64, dtype=torch.float16))
+    source = render_kernel(kernel).source
+    assert ".to(tl.float32)" in source and "to(tl.float16)" in source
+
+
+def test_scatter_and_mutation_are_not_idempotent() -> None:
+    kernels = fused_kernels(
+        lambda x, i, v: x.index_add(0, i, v), randn(10, 8), torch.tensor([1, 1]), randn(2, 8)
+    )
+    rendered = render_kernel(kernels[-1])
+    assert rendered.kind == "scatter" and not rendered.idempotent
+    assert render_kernel(kernels[0]).idempotent
+
+
+def test_repeated_layers_render_to_one_source() -> None:
+    """Buffers are named by position and functions without the kernel number, so the
+    same computation on other buffers renders identically (the runtime compiles it
+    once); the kernels keep their own names for the wrapper."""
+
+    def two_layers(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.softmax((torch.softmax(x * 2.0, -1) @ w) * 2.0, -1) @ w
+
+    first, second = fused_kernels(two_layers, randn(8, 64), randn(64, 64))
+    assert first.name != second.name
+    one, two = render_kernel(first), render_kernel(second)
+    assert one.name == first.name and two.name == second.name
+    assert one.source == two.source and one.function_name in one.source
+    different = fused_kernels(
+        lambda x, w: torch.softmax(x * 3.0, -1) @ w, randn(8, 64), randn(64, 64)
+    )
+    assert render_kernel(different[0]).source != one.source

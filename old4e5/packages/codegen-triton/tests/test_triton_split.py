@@ -1,0 +1,218 @@
+"""Split reductions rendered for Triton: the partial and the final kernel's tiles, and
+both run in Triton's interpreter (every config on the menu, `config_menu`) against
+eager.
+
+`TRITON_INTERPRET=1` must be set before Triton is imported and must not leak into
+other tests, so the kernels run in a subprocess (`python test_triton_split.py`) that
+prints one JSON line per case.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.codegen.triton import COLUMN_XBLOCK, TRITON_CHOICES, plan_kernel, render_kernel
+from ember.codegen.triton.plan import config_menu
+from ember.graphpasses import ember_decompositions
+from ember.ir import BufferRef, LoweringOptions, Program, lower_graph
+from ember.ir.interpreter import call_extern
+from ember.scheduler import (
+    DeviceChoices,
+    ExternCall,
+    KernelStep,
+    Schedule,
+    SelectOutput,
+    schedule_program,
+)
+
+# Small thresholds, so that test-sized tensors split (TRITON_CHOICES's need 10**5+).
+SMALL = DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8)
+
+
+def _bias_grad(h: torch.Tensor, gy: torch.Tensor, w: torch.Tensor) -> Any:
+    # ReLU's backward (GELU's needs libdevice, which the interpreter lacks)
+    g = torch.ops.aten.threshold_backward(gy, h, 0.0)
+    return g @ w, g.sum(0)
+
+
+CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], torch.dtype]] = {
+    "sum_cols": (lambda x: x.sum(0), [(96, 40)], torch.float32),
+    "sum_cols_bf16": (lambda x: x.sum(0), [(128, 24)], torch.bfloat16),
+    "sum_rows": (lambda x: x.sum(-1), [(3, 320)], torch.float32),
+    "sum_all": (lambda x: x.sum(), [(40, 24)], torch.float32),
+    "max_cols_epilogue": (lambda x: x.amax(0) * 2 + 1, [(64, 12)], torch.float32),
+    "any_all": (lambda x: ((x > 2).any(0), (x > -2.5).all(-1)), [(96, 8)], torch.float32),
+    "bias_grad": (_bias_grad, [(64, 16), (64, 16), (16, 8)], torch.float32),
+}
+
+
+def _schedule(name: str) -> tuple[Program, Schedule, list[torch.Tensor]]:
+    fn, shapes, dtype = CASES[name]
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(s, generator=g).to(dtype) for s in shapes]
+    gm = make_fx(fn, decomposition_table=ember_decompositions())(*args)
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    return program, schedule_program(program, SMALL), args
+
+
+def test_column_partial_is_an_outputs_by_rows_tile() -> None:
+    _, schedule, _ = _schedule("sum_cols")
+    partial, final = schedule.kernels
+    for kernel in (partial, final):
+        rendered = render_kernel(kernel)
+        assert rendered.kind in ("persistent_reduction", "looped_reduction")
+        plan = plan_kernel(kernel)
+        assert [a.name for a in plan.axes] == ["x", "r"]  # block [outputs, rows]
+        # the first config is COLUMN_XBLOCK outputs wide (capped by the output count)
+        assert rendered.configs[0].block("XBLOCK") == min(COLUMN_XBLOCK, 64)
+    # chunks x outputs partial values, loads contiguous along the outputs (x)
+    assert "tl.arange(0, XBLOCK)[:, None]" in render_kernel(partial).source
+
+
+def test_triton_choices_split_a_large_column_sum_only() -> None:
+    assert TRITON_CHOICES.reduction_chunks(4096, 32768, 32768, column=True) == 32
+    assert TRITON_CHOICES.reduction_chunks(32768, 4096, 4096, column=False) == 1
+    assert TRITON_CHOICES.reduction_chunks(4096, 512, 512, column=True) == 2
+    assert TRITON_CHOICES.reduction_chunks(16, 64, 64, column=False) == 1
+
+
+def test_large_pointwise_kernels_offer_more_elements_per_thread() -> None:
+    from ember.codegen.triton.plan import LARGE_POINTWISE
+
+    small, large = _pointwise(1 << 12), _pointwise(LARGE_POINTWISE)
+    assert len(config_menu(small, plan_kernel(small))) == 4
+    menu = config_menu(large, plan_kernel(large))
+    assert len(menu) == 6
+    assert any(c.block("XBLOCK") // (32 * c.num_warps) == 16 for c in menu)
+    # 8 MiB of float32 traffic: timed with three configs, 4, 8 and 16 elements a thread
+    timed = render_kernel(large).configs
+    assert timed[0] == menu[0]
+    assert sorted(c.block("XBLOCK") // (32 * c.num_warps) for c in timed) == [4, 8, 16]
+    assert render_kernel(small).configs == config_menu(small, plan_kernel(small))[:1]
+
+
+def _pointwise(numel: int) -> Any:
+    x = torch.empty(numel)
+    gm = make_fx(lambda t: torch.nn.functional.gelu(t), decomposition_table=ember_decompositions())(
+        x
+    )
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    (kernel,) = schedule_program(program, TRITON_CHOICES).kernels
+    return kernel
+
+
+# -- running the kernels in the interpreter ----------------------------------------------
+
+
+def _load(source: str, function: str, directory: Path) -> Any:
+    path = directory / f"{function}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(function, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, function)
+
+
+def _run(program: Program, schedule: Schedule, args: list[torch.Tensor], config: int) -> Any:
+    """Execute the schedule with every kernel launched with its `config`-th candidate
+    (or its last one, when it has fewer)."""
+    env: dict[str, Any] = {n.name: a for n, a in zip(program.inputs, args, strict=True)}
+    directory = Path(tempfile.mkdtemp())
+    for step in schedule.steps:
+        if isinstance(step, ExternCall):
+            env[step.node.name] = call_extern(step.node, env, {})
+        elif isinstance(step, SelectOutput):
+            env[step.node.name] = env[step.node.source][step.node.index]
+        elif isinstance(step, KernelStep):
+            kernel = step.kernel
+            for m in kernel.members:
+                if m.stored:
+                    size = [int(s) for s in m.layout.size]
+                    env[m.name] = torch.full(size, 7, dtype=m.layout.dtype)
+            rendered = render_kernel(kernel)
+            menu = config_menu(kernel, plan_kernel(kernel))
+            launch = menu[min(config, len(menu) - 1)]
+            jit = _load(rendered.source, rendered.function_name, directory)
+            grid = rendered.launch_grid(launch, {})
+            jit[grid](
+                *[env[b] for b in rendered.buffer_arguments],
+                **dict(launch.blocks),
+                num_warps=launch.num_warps,
+                num_stages=launch.num_stages,
+            )
+    return [env[o.name] if isinstance(o, BufferRef) else o for o in program.outputs]
+
+
+def run_case(name: str) -> dict[str, Any]:
+    fn, _, dtype = CASES[name]
+    program, schedule, args = _schedule(name)
+    partials = [n.name for n in schedule.program.nodes if n.name.endswith("_partial")]
+    expected = fn(*[a.clone() for a in args])
+    expected = list(expected) if isinstance(expected, tuple) else [expected]
+    tolerance = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {}
+    configs = max(len(config_menu(k, plan_kernel(k))) for k in schedule.kernels)
+    for config in range(configs):
+        actual = _run(program, schedule, [a.clone() for a in args], config)
+        for a, e in zip(actual, expected, strict=True):
+            torch.testing.assert_close(a, e, **tolerance)
+    return {"case": name, "ok": True, "partials": len(partials), "kernels": len(schedule.kernels)}
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict[str, dict[str, Any]]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    process = subprocess.run(
+        [sys.executable, __file__, *CASES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    results = {}
+    for line in process.stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            results[record["case"]] = record
+    if not results:
+        pytest.fail("the interpreter run produced nothing:\n" + process.stderr[-4000:])
+    return results
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_split_kernels_match_eager_in_the_interpreter(
+    case: str, interpreted: dict[str, dict[str, Any]]
+) -> None:
+    record = interpreted.get(case)
+    assert record is not None, f"case {case} did not report"
+    assert record["ok"], record.get("error")
+    assert record["partials"] >= 1
+    # the bias gradient: the pointwise gradient is stored by the partial kernel
+    assert record["kernels"] == 1 + record["partials"] + (case == "any_all")
+
+
+def _main(names: list[str]) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for name in names:
+        try:
+            record = run_case(name)
+        except Exception as exc:
+            record = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()}"}
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,96 @@
+"""channels_last_convolutions: convolution graphs run channels-last, with the same
+values and the output strides they promise; training forwards (which return their
+saved activations) are left alone.
+
+The pass acts on CUDA graphs by default; here it is pointed at the CPU so that the
+rewritten graphs can be run and compared with the originals.
+"""
+
+from __future__ import annotations
+
+import torch
+from graphpasses_helpers import aot_capture, count  # type: ignore[import-not-found]  # tests/ on sys.path
+from torch import nn
+
+from ember.graphpasses import channels_last_convolutions
+
+aten = torch.ops.aten
+ON_CPU = channels_last_convolutions(devices=("cpu",))
+
+
+class Block(nn.Module):
+    """conv-bn-relu twice with a residual, then pooling and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)) + y)
+        return self.head(y.mean((2, 3)))
+
+
+def _run(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    out = gm(*[x.clone() for x in inputs])
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _channels_last_convolutions(gm: torch.fx.GraphModule) -> int:
+    return sum(
+        node.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
+        for node in gm.graph.nodes
+        if node.target is aten.convolution.default
+    )
+
+
+def test_inference_graph_runs_channels_last_with_the_same_results() -> None:
+    model = Block().eval()
+    captured = aot_capture(model, torch.randn(2, 3, 12, 12))
+    gm = captured.graph("inference")
+    before = _run(gm, captured.inputs["inference"])
+    assert _channels_last_convolutions(gm) == 0
+    result = ON_CPU(gm)
+    # one conversion, at the first convolution; the second receives channels-last
+    assert result.changed and result.stats == {"converted": 1}
+    assert _channels_last_convolutions(gm) == 2
+    assert count(gm, aten.clone.default) == 1
+    after = _run(gm, captured.inputs["inference"])
+    for a, b in zip(after, before, strict=True):
+        assert a.stride() == b.stride()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_four_dimensional_output_is_copied_back_to_its_promised_strides() -> None:
+    conv = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU()).eval()
+    captured = aot_capture(conv, torch.randn(2, 4, 9, 9))
+    gm = captured.graph("inference")
+    before = _run(gm, captured.inputs["inference"])
+    assert ON_CPU(gm).changed
+    after = _run(gm, captured.inputs["inference"])
+    assert after[0].is_contiguous() and before[0].is_contiguous()
+    torch.testing.assert_close(after[0], before[0], rtol=1e-4, atol=1e-5)
+
+
+def test_training_forward_with_saved_activations_is_left_alone() -> None:
+    captured = aot_capture(Block(), torch.randn(2, 3, 12, 12), train=True)
+    gm = captured.graph("forward")
+    code = gm.code
+    result = ON_CPU(gm)
+    assert not result.changed and gm.code == code
+    assert _channels_last_convolutions(gm) == 0
+    # the fake values are the originals again: the lowering reads their strides
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.dim() == 4:
+            assert value.is_contiguous(), node.name
+
+
+def test_cuda_graphs_only_by_default() -> None:
+    captured = aot_capture(Block().eval(), torch.randn(2, 3, 12, 12))
+    gm = captured.graph("inference")
+    assert not channels_last_convolutions()(gm).changed

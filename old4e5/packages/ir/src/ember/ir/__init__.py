@@ -1,0 +1,112 @@
+"""ember.ir: the loop-level IR of Ember.
+
+Lowers an ATen FX graph (from AOTAutograd or torch.export) into a `Program` of
+buffers and computations, verifies it, prints it, and runs it with the reference
+interpreter. Sits on ember.graphpasses; the scheduler consumes its Programs.
+"""
+
+# The lowering modules register their entries in LOWERINGS when imported.
+from ember.ir import (  # noqa: F401
+    arith,
+    assemble,
+    factories,
+    indexing,
+    norms,
+    pointwise,
+    pooling,
+    random,
+    reduction,
+    views,
+)
+from ember.ir.errors import LoweringError, VerificationError
+from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, loads, walk
+from ember.ir.interpreter import (
+    argument_value,
+    bind_symbols,
+    call_extern,
+    conform_extern_result,
+    ensure_layout,
+    run_program,
+)
+from ember.ir.layout import Layout
+from ember.ir.loops import REDUCTION_KINDS, Pointwise, Reduction, Scatter
+from ember.ir.lowering import (
+    INTENTIONAL_EXTERNS,
+    LOWERINGS,
+    LoweringOptions,
+    NotLowerable,
+    lower_graph,
+    register_lowering,
+)
+from ember.ir.nodes import (
+    BufferRef,
+    ComputedBuffer,
+    ComputeNode,
+    ConstantBuffer,
+    ExternKernel,
+    InputBuffer,
+    IRNode,
+    MultiOutput,
+    OpaqueInput,
+    SizeInput,
+    iter_exprs,
+    iter_refs,
+)
+from ember.ir.ops import OP_NAMES, OpsHandler
+from ember.ir.printer import format_arg, format_body, format_program
+from ember.ir.program import Program
+from ember.ir.symbolic import as_expr, evaluate
+from ember.ir.verify import verify
+
+__all__ = [
+    "INTENTIONAL_EXTERNS",
+    "LOWERINGS",
+    "OP_NAMES",
+    "REDUCTION_KINDS",
+    "BufferRef",
+    "Cast",
+    "ComputeNode",
+    "ComputedBuffer",
+    "Const",
+    "ConstantBuffer",
+    "ExternKernel",
+    "IRNode",
+    "IndexExpr",
+    "InputBuffer",
+    "Layout",
+    "Load",
+    "LoweringError",
+    "LoweringOptions",
+    "MultiOutput",
+    "Node",
+    "NotLowerable",
+    "Op",
+    "OpaqueInput",
+    "OpsHandler",
+    "Pointwise",
+    "Program",
+    "Rand",
+    "Reduction",
+    "Scatter",
+    "SizeInput",
+    "VerificationError",
+    "Where",
+    "argument_value",
+    "as_expr",
+    "bind_symbols",
+    "call_extern",
+    "conform_extern_result",
+    "ensure_layout",
+    "evaluate",
+    "format_arg",
+    "format_body",
+    "format_program",
+    "iter_exprs",
+    "iter_refs",
+    "loads",
+    "lower_graph",
+    "register_lowering",
+    "run_program",
+    "verify",
+    "walk",
+]

@@ -1,0 +1,49 @@
+"""The ops that stay ATen calls on purpose (intentional externs), by reason.
+
+Lowering makes every op with an entry in ember.ir.lowering.LOWERINGS a loop node; an
+op listed here stays an `ExternKernel` by design and is not a fallback (no log line, no
+error under EMBER_FALLBACK=0). Everything else without a lowering is a fallback.
+"""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+# Ops that stay ATen calls by design, and why. Each is a library routine that generated
+# loops would not beat or cannot express; everything else without a lowering is a
+# fallback (logged, and an error under EMBER_FALLBACK=0).
+_EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
+    # vendor BLAS/cuBLAS/oneDNN kernels beat generated loops
+    "matmul": ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addbmm",
+               "_scaled_mm", "_int_mm", "_cdist_forward", "_weight_int8pack_mm"),
+    "convolution": ("convolution", "convolution_backward", "_convolution"),
+    "attention": tuple(
+        f"_scaled_dot_product_{kind}{suffix}"
+        for kind in ("flash_attention", "efficient_attention", "cudnn_attention",
+                     "flash_attention_for_cpu")
+        for suffix in ("", "_backward")
+    ),
+    # LAPACK/cuSOLVER factorizations and solvers: iterative, pivoting, not loop nests
+    "linalg": ("linalg_cholesky_ex", "linalg_eig", "_linalg_eigh", "linalg_inv_ex",
+               "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lstsq", "linalg_lu",
+               "linalg_lu_factor_ex", "linalg_lu_solve", "linalg_matrix_exp", "linalg_qr",
+               "linalg_solve_triangular", "linalg_householder_product", "_linalg_svd",
+               "_linalg_solve_ex", "_linalg_slogdet", "_linalg_det", "_linalg_check_errors",
+               "cholesky_solve", "cholesky_inverse", "triangular_solve", "geqrf", "ormqr",
+               "lu_unpack", "linalg_pinv", "linalg_polar", "linalg_matrix_sqrth"),
+    # FFT libraries (pocketfft, cuFFT); complex results are outside the loop IR
+    "fft": ("_fft_r2c", "_fft_c2c", "_fft_c2r"),
+    # sorting and selection: need a Sort node (planned, ARCHITECTURE.md)
+    "sort": ("sort", "topk", "kthvalue", "median", "nanmedian", "mode", "searchsorted",
+             "bucketize", "_unique2", "unique_consecutive", "unique_dim", "msort", "argsort"),
+    # results whose size depends on the data: the IR's sizes are known before running
+    "data_dependent": ("nonzero", "masked_select"),
+}  # fmt: skip
+INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
+    getattr(aten, name)
+    for names in _EXTERN_GROUPS.values()
+    for name in names
+    if hasattr(aten, name)
+)

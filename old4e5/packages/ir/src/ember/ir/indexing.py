@@ -1,0 +1,262 @@
+"""Lowerings of data-dependent indexing: index, gather, index_select, embedding
+(indirect loads) and scatter, scatter_add, scatter_reduce, index_put (indirect stores).
+
+An indirect load reads a stored buffer at an index that uses the symbols `ind0, ...`,
+each the value of an index tensor at this point (`Load.indirect`), after negative
+indices are wrapped as PyTorch does. The source of an indirect load is realized first,
+so the load's index is plain layout math. Scatters copy their destination into a fresh
+buffer, then a `Scatter` loop node writes (or accumulates) into that copy; the result
+is the copy's new version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import sympy
+import torch
+import torch.fx
+
+from ember.ir.expr import Load, Node, Where
+from ember.ir.layout import Layout
+from ember.ir.loops import Pointwise, Scatter
+from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
+from ember.ir.pointwise import c, op
+from ember.ir.symbolic import indirect_var, loop_vars, simplify_index
+from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
+from ember.ir.views import norm_dim
+
+aten = torch.ops.aten
+
+Position: TypeAlias = "sympy.Expr | Node"
+
+
+def wrap_index(value: Node, size: sympy.Expr) -> Node:
+    """An int64 index with negative values counted from the end of a dim of `size`."""
+    from ember.ir.assemble import index_value
+
+    value = cast(value, torch.int64)
+    return Where(op("lt", value, c(0, value)), op("add", value, index_value(size)), value)
+
+
+def address(layout: Layout, positions: Sequence[Position]) -> tuple[sympy.Expr, tuple[Node, ...]]:
+    """Storage offset of an element whose coordinates are index expressions or
+    (indirect) body nodes; returns the offset and the indirect nodes it uses."""
+    offset: sympy.Expr = layout.offset
+    indirect: list[Node] = []
+    for position, stride in zip(positions, layout.stride, strict=True):
+        if isinstance(position, Node):
+            position_expr: sympy.Expr = indirect_var(len(indirect))
+            indirect.append(position)
+        else:
+            position_expr = position
+        offset = offset + position_expr * stride
+    return simplify_index(sympy.sympify(offset)), tuple(indirect)
+
+
+def gather_from(lowering: GraphLowering, arg: torch.fx.Node) -> tuple[str, Layout]:
+    ref = lowering.realize(lowering.env[arg])
+    name = lowering.current(ref).name
+    return name, lowering.layouts[name]
+
+
+def indirect_load(name: str, layout: Layout, positions: Sequence[Position]) -> Node:
+    index, indirect = address(layout, positions)
+    return Load(name, index, layout.dtype, indirect=indirect)
+
+
+def _index_tensor(lowering: GraphLowering, arg: Any) -> LazyTensor:
+    value = lowering.tensor(arg)
+    if value.dtype in (torch.bool, torch.uint8):
+        raise NotLowerable("boolean mask index (data-dependent shape)")
+    return value
+
+
+class AdvancedIndex:
+    """How `x[indices]` (advanced indexing, `None` for a full slice) maps a result
+    index to x's coordinates, shared by index and index_put."""
+
+    def __init__(
+        self, lowering: GraphLowering, x_size: tuple[sympy.Expr, ...], indices: Sequence[Any]
+    ):
+        self.x_size = x_size
+        self.tensors = {
+            d: _index_tensor(lowering, i) for d, i in enumerate(indices) if i is not None
+        }
+        if not self.tensors:
+            raise NotLowerable("index without index tensors")
+        dims = sorted(self.tensors)
+        width = max(t.ndim for t in self.tensors.values())
+        shape: list[sympy.Expr] = [sympy.Integer(1)] * width
+        for t in self.tensors.values():
+            for k, s in enumerate(t.size):
+                pos = width - t.ndim + k
+                if s != 1:
+                    shape[pos] = s
+        self.broadcast = tuple(shape)
+        self.rest = [d for d in range(len(x_size)) if d not in self.tensors]
+        self.adjacent = dims == list(range(dims[0], dims[-1] + 1))
+        self.first = dims[0] if self.adjacent else 0
+        before = [d for d in self.rest if d < self.first] if self.adjacent else []
+        after = [d for d in self.rest if d not in before]
+        self.size = (*(x_size[d] for d in before), *self.broadcast, *(x_size[d] for d in after))
+        self.before, self.after = before, after
+
+    def positions(self, index: Index) -> list[Position]:
+        nb = len(self.broadcast)
+        start = len(self.before)
+        b_index = index[start : start + nb]
+        result: list[Position] = [sympy.Integer(0)] * len(self.x_size)
+        for k, d in enumerate(self.before):
+            result[d] = index[k]
+        for k, d in enumerate(self.after):
+            result[d] = index[start + nb + k]
+        for d, t in self.tensors.items():
+            result[d] = wrap_index(broadcast_loader(t, self.broadcast)(b_index), self.x_size[d])
+        return result
+
+
+@register_lowering(aten.index.Tensor, aten._unsafe_index.Tensor)
+def lower_index(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
+    plan = AdvancedIndex(lowering, layout.size, node.args[1])  # type: ignore[arg-type]  # a list
+    size = lowering.out_size(node)
+    if len(size) != len(plan.size):
+        raise NotLowerable("unexpected result rank")
+    return LazyTensor(
+        layout.device,
+        layout.dtype,
+        size,
+        lambda index: indirect_load(name, layout, plan.positions(index)),
+    )
+
+
+@register_lowering(aten.gather.default)
+def lower_gather(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
+    dim = norm_dim(int_arg(node.args[1]), max(layout.ndim, 1))
+    index_value = _index_tensor(lowering, node.args[2])
+    if layout.ndim == 0:
+        return LazyTensor(
+            layout.device, layout.dtype, (), lambda index: Load(name, layout.offset, layout.dtype)
+        )
+
+    def load(index: Index) -> Node:
+        positions: list[Position] = list(index)
+        positions[dim] = wrap_index(index_value.loader(index), layout.size[dim])
+        return indirect_load(name, layout, positions)
+
+    return LazyTensor(layout.device, layout.dtype, index_value.size, load)
+
+
+@register_lowering(aten.index_select.default)
+def lower_index_select(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
+    dim = norm_dim(int_arg(node.args[1]), max(layout.ndim, 1))
+    index_value = _index_tensor(lowering, node.args[2])
+    size = lowering.out_size(node)
+    if layout.ndim == 0:
+        return LazyTensor(
+            layout.device, layout.dtype, size, lambda index: Load(name, layout.offset, layout.dtype)
+        )
+
+    def load(index: Index) -> Node:
+        positions: list[Position] = list(index)
+        at = [index[dim]] if index_value.ndim == 1 else []
+        positions[dim] = wrap_index(index_value.loader(at), layout.size[dim])
+        return indirect_load(name, layout, positions)
+
+    return LazyTensor(layout.device, layout.dtype, size, load)
+
+
+@register_lowering(aten.embedding.default)
+def lower_embedding(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
+    ids = _index_tensor(lowering, node.args[1])
+    size = lowering.out_size(node)
+
+    def load(index: Index) -> Node:
+        row = wrap_index(ids.loader(index[:-1]), layout.size[0])
+        return indirect_load(name, layout, [row, index[-1]])
+
+    return LazyTensor(layout.device, layout.dtype, size, load)
+
+
+# -- scatters ------------------------------------------------------------------------
+
+
+def fresh_copy(lowering: GraphLowering, arg: torch.fx.Node) -> tuple[str, Layout]:
+    """A new contiguous buffer holding x's values (scatters write into it)."""
+    source = lowering.tensor(arg)
+    layout = Layout.contiguous(source.device, source.dtype, source.size)
+    ref = lowering.store(Pointwise(source.size, source.loader(loop_vars(source.ndim))), layout)
+    return ref.name, layout
+
+
+_SCATTER_REDUCE = {
+    "add": "sum",
+    "sum": "sum",
+    "multiply": "prod",
+    "prod": "prod",
+    "amax": "max",
+    "amin": "min",
+}
+
+
+@register_lowering(
+    aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
+    aten.scatter_add.default, aten.scatter_reduce.two,
+)  # fmt: skip
+def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
+    a = lowering.args(node)
+    reduce: str | None = None
+    include_self = a.get("include_self") is not False
+    if node.target is aten.scatter_add.default:
+        reduce = "sum"
+    elif a.get("reduce") is not None:
+        if a["reduce"] not in _SCATTER_REDUCE:
+            raise NotLowerable(f"scatter reduce={a['reduce']!r}")
+        reduce = _SCATTER_REDUCE[a["reduce"]]
+    index_value = _index_tensor(lowering, a["index"])
+    name, layout = fresh_copy(lowering, a["self"])
+    dim = norm_dim(int(a["dim"]), max(layout.ndim, 1))
+    src = a.get("src")
+    if isinstance(src, torch.fx.Node):
+        src_value = lowering.tensor(src)
+        src_load = src_value.loader
+    else:
+        value = const(a["value"], layout.dtype)
+        src_load = lambda index: value  # noqa: E731
+    i = loop_vars(index_value.ndim)
+    if layout.ndim == 0:
+        positions: list[Position] = []
+    else:
+        positions = list(i)
+        positions[dim] = wrap_index(index_value.loader(i), layout.size[dim])
+    offset, indirect = address(layout, positions)
+    if not include_self:
+        # the positions written start from the reduction's identity, not from self
+        identity = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}[reduce or "sum"]
+        if not layout.dtype.is_floating_point and reduce in ("max", "min"):
+            info = torch.iinfo(layout.dtype)
+            identity = info.min if reduce == "max" else info.max
+        start = Scatter(index_value.size, offset, indirect, const(identity, layout.dtype), None)
+        name = lowering.store(start, layout, mutates=name).name
+    body = cast(src_load(i), layout.dtype)
+    loop = Scatter(index_value.size, offset, indirect, body, reduce)
+    return lowering.store(loop, layout, mutates=name)
+
+
+@register_lowering(aten.index_put.default, aten._unsafe_index_put.default)
+def lower_index_put(lowering: GraphLowering, node: torch.fx.Node) -> Any:
+    a = lowering.args(node)
+    source = lowering.tensor(a["self"])
+    plan = AdvancedIndex(lowering, source.size, a["indices"])
+    name, layout = fresh_copy(lowering, a["self"])
+    values = lowering.tensor(a["values"])
+    i = loop_vars(len(plan.size))
+    offset, indirect = address(layout, plan.positions(i))
+    body = cast(broadcast_loader(values, plan.size)(i), layout.dtype)
+    loop = Scatter(plan.size, offset, indirect, body, "sum" if a["accumulate"] else None)
+    return lowering.store(loop, layout, mutates=name)

@@ -1,0 +1,89 @@
+"""Loop nodes: what a computed buffer's loop nest does, with an explicit body.
+
+`Pointwise(ranges, body)` evaluates `body` at every point `(i0, i1, ...)` of `ranges`.
+`Reduction(ranges, reduction_ranges, kind, body)` evaluates `body` at every point of
+`ranges` x `reduction_ranges` (variables `r0, r1, ...`) and combines along the
+reduction ranges. `Scatter(ranges, index, indirect, body, reduce)` stores (or combines)
+`body` at storage offset `index` of the buffer it mutates, an index that may depend on
+data through `indirect` (scatter, index_put).
+
+Loop nodes have no name and no storage of their own: a `ComputedBuffer`
+(ember.ir.nodes) pairs one with the `Layout` it is stored in. They are frozen and
+hashable, so the scheduler and the codegens can use them as keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from ember.ir.expr import Node
+
+# Reduction kinds. `argmax`/`argmin` give the index of the first extreme element in
+# the flattened reduction ranges (NaN counts as the extreme, as in torch). `max`/`min`
+# propagate NaN. `welford` computes the mean and the sum of squared deviations in one
+# pass (Welford's update) and stores them as a trailing dimension of size 2:
+# `[..., 0]` = mean, `[..., 1]` = M2 (variance = M2 / (N - correction)).
+REDUCTION_KINDS: frozenset[str] = frozenset(
+    {"sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford"}
+)
+
+# How a `Scatter` combines the stored value with the one already there
+# (None overwrites; with duplicate indices the winner is unspecified, as in torch).
+SCATTER_REDUCE: frozenset[str | None] = frozenset({None, "sum", "prod", "max", "min"})
+
+
+def reduction_dtype(kind: str, body_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a reduction stores."""
+    if kind in ("argmax", "argmin"):
+        return torch.int64
+    if kind in ("any", "all"):
+        return torch.bool
+    return body_dtype
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    ranges: tuple[sympy.Expr, ...]
+    body: Node
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.body.dtype
+
+
+@dataclass(frozen=True)
+class Reduction:
+    ranges: tuple[sympy.Expr, ...]
+    reduction_ranges: tuple[sympy.Expr, ...]
+    kind: str
+    body: Node
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return reduction_dtype(self.kind, self.body.dtype)
+
+
+@dataclass(frozen=True)
+class Scatter:
+    ranges: tuple[sympy.Expr, ...]
+    index: sympy.Expr
+    indirect: tuple[Node, ...]
+    body: Node
+    reduce: str | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.body.dtype
+
+
+Loop = Pointwise | Reduction | Scatter
+
+
+def loop_bodies(loop: Loop) -> tuple[Node, ...]:
+    """Every body DAG root of a loop node (the scatter's index nodes included)."""
+    if isinstance(loop, Scatter):
+        return (loop.body, *loop.indirect)
+    return (loop.body,)

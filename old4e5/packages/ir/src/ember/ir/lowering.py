@@ -1,0 +1,772 @@
+"""Lowering: interpret an ATen FX graph into an IR `Program`.
+
+Each FX node becomes IR: placeholders become inputs with the example's real strides
+(or size inputs when they are SymInts), `get_attr` tensors become constants, and each
+`call_function` goes through one table from ATen overload to a lowering function.
+An op with no entry becomes an `ExternKernel` calling the ATen op itself: some on
+purpose (`INTENTIONAL_EXTERNS`: matmul, convolution, attention), the rest as a
+fallback, logged once per op, so that every graph lowers. With fallback disabled
+(`LoweringOptions(allow_fallback=False)`; the runtime maps `EMBER_FALLBACK=0` to it)
+an op without a lowering is a `LoweringError` naming the op and the node.
+
+With `LoweringOptions(loops=True)` the ops that have an entry in `LOWERINGS` become
+loop-level IR instead: their values are `LazyTensor`s (ember.ir.tensor) that compose
+into explicit bodies, realized into `ComputedBuffer`s when a value is a graph output,
+feeds an extern, is the result of a reduction, is read by several users and is costly
+to recompute, or grows too big to inline. The lowerings live in files by concept
+(pointwise, reduction, views, indexing, factories, random, norms) and register here.
+
+Nodes whose value is a size (SymInt arithmetic, `aten.sym_size`) produce no code: their
+value is the sympy expression the graph's ShapeEnv already holds.
+"""
+
+from __future__ import annotations
+
+import keyword
+import logging
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import sympy
+import torch
+import torch.fx
+from torch.utils._sympy.functions import FloorDiv
+
+from ember.ir.errors import LoweringError
+from ember.ir.errors import NotLowerable as NotLowerable
+from ember.ir.expr import Load, Op, walk
+from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
+from ember.ir.layout import Layout
+from ember.ir.loops import Loop, Pointwise
+from ember.ir.mutation import inplace_lowering, mutate, snapshot_readers
+from ember.ir.nodes import (
+    BufferRef,
+    ComputedBuffer,
+    ComputeNode,
+    ConstantBuffer,
+    ExternKernel,
+    InputBuffer,
+    InputNode,
+    MultiOutput,
+    OpaqueInput,
+    SizeInput,
+    returns_view,
+)
+from ember.ir.program import Program
+from ember.ir.symbolic import as_expr, loop_vars, simplify_index
+from ember.ir.tensor import LazyTensor, buffer_loader
+
+log = logging.getLogger("ember.ir")
+aten = torch.ops.aten
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+@dataclass(frozen=True)
+class LoweringOptions:
+    """Switches for lowering.
+
+    `allow_fallback=False` turns fallbacks into errors. `loops=True` lowers the ops in
+    `LOWERINGS` to loop nodes (the default keeps every op an `ExternKernel`, for layers
+    that cannot run loop nodes yet). A value read by several users is stored once its
+    body costs more than `realize_cost` or reads more than `realize_reads` buffers;
+    any body costing more than `max_inline_cost` is stored, which bounds recomputation
+    and body size. The reads bound matters for chains such as a transformer's
+    residual stream (h = h + block(h) per layer, each sum read by the next norm and
+    the next sum): kept lazy, every norm re-read all the earlier addends from memory.
+    """
+
+    allow_fallback: bool = True
+    loops: bool = False
+    # Op names (of the ops protocol) the target codegen cannot render: an ATen op whose
+    # body would use one stays an ATen call, so the rest of the graph still fuses.
+    unsupported_ops: frozenset[str] = frozenset()
+    realize_cost: int = 8
+    realize_reads: int = 1
+    max_inline_cost: int = 200
+
+
+# The lowering table: ATen overload -> function building IR for one node (used with
+# `loops=True`); an op without an entry is an extern call. Lowerings return a
+# LazyTensor, a BufferRef, a sympy expression, or a tuple of those.
+LoweringFn = Callable[["GraphLowering", torch.fx.Node], Any]
+LOWERINGS: dict[torch._ops.OpOverload, LoweringFn] = {}
+_F = TypeVar("_F", bound=LoweringFn)
+
+
+def register_lowering(*ops: torch._ops.OpOverload) -> Callable[[_F], _F]:
+    """Decorator: `fn` lowers each of `ops`."""
+
+    def register(fn: _F) -> _F:
+        for op in ops:
+            if op in LOWERINGS:
+                raise ValueError(f"{op} has two lowerings")
+            LOWERINGS[op] = fn
+        return fn
+
+    return register
+
+
+_fallbacks_logged: set[str] = set()
+
+
+def lower_graph(
+    gm: torch.fx.GraphModule, *, name: str = "graph", options: LoweringOptions | None = None
+) -> Program:
+    """Lower an ATen-level graph module (with `meta['val']` on its nodes) to a Program."""
+    return GraphLowering(gm, name, options or LoweringOptions()).run()
+
+
+class GraphLowering:
+    """Walks the FX graph once, in order, building the program."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, options: LoweringOptions) -> None:
+        self.gm = gm
+        self.options = options
+        self.program = Program(name=name, inputs=[], constants=[], nodes=[], outputs=[])
+        # FX node -> its IR value: a BufferRef, a sympy expression, or a plain value.
+        self.env: dict[torch.fx.Node, Any] = {}
+        self._bound_symbols: set[sympy.Symbol] = set()
+        self._views: set[str] = set()  # as_strided views made for extern arguments
+        self._counter = 0
+        # Layout of every named buffer, and for a mutated buffer the name of its
+        # newest version (see ComputedBuffer.mutates).
+        self.layouts: dict[str, Layout] = {}
+        self.versions: dict[str, str] = {}
+        self._rng_offset: sympy.Expr = sympy.Integer(0)
+        self.current_node: torch.fx.Node | None = None
+
+    def run(self) -> Program:
+        for node in self.gm.graph.nodes:
+            self.current_node = node
+            handler = getattr(self, f"_lower_{node.op}")
+            self.env[node] = handler(node)
+        return self.program
+
+    # -- node kinds ---------------------------------------------------------------
+
+    def _lower_placeholder(self, node: torch.fx.Node) -> Any:
+        val = node.meta.get("val")
+        name = _identifier(node.name)
+        entry: InputNode
+        if isinstance(val, torch.Tensor):
+            entry = InputBuffer(name, Layout.of(val))
+            self.layouts[name] = entry.layout
+            self._bound_symbols |= entry.layout.free_symbols
+            result: Any = BufferRef(name)
+        elif isinstance(val, (*_SYM_TYPES, int, float, bool)):
+            expr = as_expr(val)
+            entry = SizeInput(name, expr)
+            self._bound_symbols |= expr.free_symbols
+            result = expr
+        else:
+            entry = OpaqueInput(name, type(val).__name__)
+            result = BufferRef(name)
+        self.program.inputs.append(entry)
+        return result
+
+    def _lower_get_attr(self, node: torch.fx.Node) -> Any:
+        value = _fetch_attr(self.gm, str(node.target))
+        if not isinstance(value, torch.Tensor):
+            return value
+        # No tensor op here: lowering may run under AOTAutograd's active fake mode.
+        const = ConstantBuffer(self._new_name("const"), value)
+        self.program.constants.append(const)
+        self.layouts[const.name] = const.layout
+        return BufferRef(const.name)
+
+    def _lower_call_function(self, node: torch.fx.Node) -> Any:
+        val = node.meta.get("val", _MISSING)
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            return self._lower_getitem(node)
+        if isinstance(val, _SYM_TYPES) or (
+            isinstance(val, (int, float, bool))
+            and not isinstance(node.target, torch._ops.OpOverload)
+        ):
+            expr = as_expr(val)
+            if expr.free_symbols <= self._bound_symbols:
+                return expr  # pure size arithmetic: no code
+            if isinstance(node.target, torch._ops.OpOverload) and isinstance(expr, sympy.Symbol):
+                return self._extern(node, symbol=expr)  # defines an unbacked symbol
+            raise LoweringError(
+                node.name, str(node.target), f"size {expr} depends on unbound symbols"
+            )
+        if node.target is torch.ops.higher_order.with_effects:
+            return self._lower_with_effects(node)
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise LoweringError(
+                node.name,
+                str(node.target),
+                "only ATen operator overloads can be lowered; trace the graph at the ATen "
+                "level (AOTAutograd, torch.export or make_fx) first",
+            )
+        if val is _MISSING and node.target._schema.returns:
+            raise LoweringError(
+                node.name,
+                str(node.target),
+                "node has no meta['val']; run FakeTensorProp or trace with make_fx first",
+            )
+        declined = ""
+        if self.options.loops:
+            lowering = LOWERINGS.get(node.target) or inplace_lowering(node.target)
+            if lowering is not None and not _has_complex(node):
+                try:
+                    result = lowering(self, node)
+                    self._check_renderable(result)
+                    return self._maybe_realize(node, result)
+                except NotLowerable as why:
+                    declined = f" (its lowering declined: {why})"
+        intentional = node.target.overloadpacket in INTENTIONAL_EXTERNS
+        if not intentional:
+            op_name = str(node.target)
+            if not self.options.allow_fallback:
+                raise LoweringError(
+                    node.name,
+                    op_name,
+                    f"no lowering for this op{declined} and fallbacks are disabled "
+                    "(EMBER_FALLBACK=0); enable fallbacks or add a lowering to "
+                    "ember.ir.lowering.LOWERINGS",
+                )
+            self.program.fallback_ops.add(op_name)
+            if op_name not in _fallbacks_logged:
+                _fallbacks_logged.add(op_name)
+                log.info("no lowering for %s: falling back to the ATen kernel", op_name)
+        return self._extern(node, fallback=not intentional)
+
+    def _lower_with_effects(self, node: torch.fx.Node) -> tuple[Any, ...]:
+        """`with_effects(token, op, *args)`: AOTAutograd threads an effect token through
+        ops registered as effectful (the error checks of linalg ops). The op becomes an
+        extern call (a fallback: no op with effects has a lowering), kept in graph order
+        like every extern, and the token passes through: (token, *op's results)."""
+        token, op, *args = node.args
+        if not isinstance(op, torch._ops.OpOverload):
+            raise LoweringError(node.name, str(op), "with_effects around a non-ATen op")
+        op_name = str(op)
+        if not self.options.allow_fallback:
+            raise LoweringError(
+                node.name, op_name, "an op with effects has no lowering and fallbacks are "
+                "disabled (EMBER_FALLBACK=0); enable fallbacks to call it as an ATen op",
+            )  # fmt: skip
+        self.program.fallback_ops.add(op_name)
+        if op_name not in _fallbacks_logged:
+            _fallbacks_logged.add(op_name)
+            log.info("%s has effects: calling the ATen op", op_name)
+        val = node.meta.get("val")
+        results = list(val[1:]) if isinstance(val, (tuple, list)) else []
+        outputs = tuple(Layout.of(v) if isinstance(v, torch.Tensor) else None for v in results)
+        if len(outputs) > 1:
+            raise LoweringError(node.name, op_name, "with_effects around a multi-output op")
+        kernel = ExternKernel(
+            name=self._new_name("buf"),
+            op=op,
+            args=tuple(self._extern_arg(a) for a in args),
+            kwargs=tuple((k, self._extern_arg(v)) for k, v in node.kwargs.items()),
+            outputs=outputs,
+            origin=node.name,
+            fallback=True,
+        )
+        self.add(kernel)
+        if outputs and outputs[0] is not None:
+            self.layouts[kernel.name] = outputs[0]
+        token_value = self._convert(token)
+        return (token_value, BufferRef(kernel.name)) if outputs else (token_value,)
+
+    def _check_renderable(self, result: Any) -> None:
+        if not self.options.unsupported_ops:
+            return
+        values = result if isinstance(result, tuple) else (result,)
+        for value in values:
+            if isinstance(value, LazyTensor):
+                for item in walk(value.body()):
+                    if isinstance(item, Op) and item.name in self.options.unsupported_ops:
+                        raise NotLowerable(f"the code generator has no {item.name!r}")
+
+    def _lower_call_method(self, node: torch.fx.Node) -> Any:
+        raise LoweringError(
+            node.name, str(node.target), "method calls are not ATen ops; trace with make_fx first"
+        )
+
+    def _lower_call_module(self, node: torch.fx.Node) -> Any:
+        raise LoweringError(
+            node.name, str(node.target), "module calls are not ATen ops; trace with make_fx first"
+        )
+
+    def _lower_output(self, node: torch.fx.Node) -> Any:
+        (results,) = node.args
+        flat = results if isinstance(results, (list, tuple)) else [results]
+        self.program.outputs = [self._output(r) for r in flat]
+        return None
+
+    def _output(self, arg: Any) -> Any:
+        """A graph output, stored with the strides its FX metadata promises.
+
+        AOTAutograd compiles the backward against the forward's fake outputs, and users
+        see output strides: a saved `w.t()` must come back with the transposed strides,
+        not as a contiguous copy. Dense (permuted) and gapped strides (a select or strided
+        slice of an intermediate: eager returns a view of the whole) are honoured, the
+        buffer spanning the gaps unwritten (at storage offset 0); overlapping ones
+        (expand) get a contiguous buffer."""
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if self.options.loops and isinstance(arg, torch.fx.Node) and isinstance(val, torch.Tensor):
+            lazy = self.env[arg]
+            wanted = Layout.of(val)
+            if isinstance(lazy, LazyTensor) and lazy.realized is None:
+                # A reshape or transpose of an intermediate buffer is returned as a view
+                # of it (eager returns a view too); views of graph inputs are copied.
+                body = lazy.body()
+                inputs = {n.name for n in self.program.inputs}
+                if isinstance(body, Load) and body.buffer not in inputs:
+                    view = self._strided_view(lazy)
+                    if view is not None and _same_strides(self.layouts[view.name], wanted):
+                        return view
+            if (
+                isinstance(lazy, LazyTensor)
+                and lazy.realized is None
+                and lazy.size == wanted.size
+                and _non_overlapping(wanted)
+                and self.whole_buffer(lazy) is None
+            ):
+                layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
+                lazy.realized = self.store(Pointwise(lazy.size, lazy.body()), layout)
+                return lazy.realized
+        value = self._convert(arg, copy_inputs=True)
+        if isinstance(value, BufferRef) and value.name in self._views and not _is_view_op(arg):
+            # A view ember made for an extern argument: eager returns a fresh tensor
+            # here, and an output must not alias storage the user does not expect.
+            have = self.layouts[value.name]
+            return self._copy(value.name, Layout.contiguous(have.device, have.dtype, have.size))
+        if (
+            not self.options.loops
+            or not isinstance(value, BufferRef)
+            or not isinstance(val, torch.Tensor)
+        ):
+            return value
+        wanted = Layout.of(val)
+        current = self.layouts.get(value.name)
+        if current is None or not _non_overlapping(wanted) or _same_strides(current, wanted):
+            return value
+        return self._copy(
+            value.name, Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
+        )
+
+    def _copy(self, name: str, layout: Layout) -> BufferRef:
+        """A new buffer holding the values of buffer `name`, stored with `layout`."""
+        source = self.layouts[name]
+        load = buffer_loader(name, source)
+        return self.store(Pointwise(source.size, load(loop_vars(source.ndim))), layout)
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _lower_getitem(self, node: torch.fx.Node) -> Any:
+        source = node.args[0]
+        assert isinstance(source, torch.fx.Node)
+        index = node.args[1]
+        parent = self.env[source]
+        if isinstance(parent, (tuple, list)):
+            return self._maybe_realize(node, parent[index])  # type: ignore[index]  # index is an int from the graph
+        if not isinstance(parent, BufferRef):
+            raise LoweringError(node.name, "getitem", f"cannot index {type(parent).__name__}")
+        val = node.meta.get("val")
+        layout = Layout.of(val) if isinstance(val, torch.Tensor) else None
+        out = MultiOutput(self._new_name("buf"), parent.name, int_arg(index), layout)
+        self.program.nodes.append(out)
+        if layout is not None:
+            self.layouts[out.name] = layout
+        return BufferRef(out.name)
+
+    def _extern(
+        self, node: torch.fx.Node, *, symbol: sympy.Symbol | None = None, fallback: bool = False
+    ) -> Any:
+        assert isinstance(node.target, torch._ops.OpOverload)
+        if self.options.loops:
+            self._check_extern_mutation(node)
+        val = node.meta.get("val")
+        multi = isinstance(val, (tuple, list))
+        vals = list(val) if multi else [val]  # type: ignore[arg-type]  # checked just above
+        outputs = tuple(Layout.of(v) if isinstance(v, torch.Tensor) else None for v in vals)
+        kernel = ExternKernel(
+            name=self._new_name("buf"),
+            op=node.target,
+            args=tuple(self._extern_arg(a) for a in node.args),
+            kwargs=tuple((k, self._extern_arg(v)) for k, v in node.kwargs.items()),
+            outputs=outputs,
+            multi=multi,
+            symbol=symbol,
+            origin=node.name,
+            fallback=fallback,
+        )
+        self.add(kernel)
+        for layout in outputs if not multi else ():
+            if layout is not None:
+                self.layouts[kernel.name] = layout
+        if symbol is not None:
+            self._bound_symbols.add(symbol)
+            return symbol
+        return BufferRef(kernel.name)
+
+    def _extern_arg(self, arg: Any) -> Any:
+        """An extern's argument: a lazy value that only reads a stored buffer through an
+        affine index (a transpose, slice, expand...) is passed as a strided view of that
+        buffer instead of being copied: ATen kernels take any strides (matmul reads a
+        transposed weight directly), and every Linear layer would otherwise copy its
+        weight on every call. Arguments the op writes are never views (see
+        `_check_extern_mutation`)."""
+        if isinstance(arg, (list, tuple)):
+            return tuple(self._extern_arg(a) for a in arg)
+        if isinstance(arg, torch.fx.Node) and self.options.loops:
+            value = self.env[arg]
+            if isinstance(value, LazyTensor) and value.realized is None:
+                view = self._strided_view(value)
+                if view is not None:
+                    return view
+        return self._convert(arg)
+
+    def _strided_view(self, value: LazyTensor) -> BufferRef | None:
+        body = value.body()
+        if not isinstance(body, Load) or body.mask is not None or body.indirect:
+            return None
+        layout = self.layouts.get(body.buffer)
+        if layout is None or layout.dtype != value.dtype:
+            return None
+        index = sympy.expand(body.index)
+        variables = loop_vars(len(value.size))
+        strides = [sympy.expand(sympy.diff(index, v)) for v in variables]
+        offset = sympy.expand(index.xreplace(dict.fromkeys(variables, sympy.Integer(0))))
+        affine = sympy.expand(
+            index
+            - offset
+            - sum((c * v for c, v in zip(strides, variables, strict=True)), sympy.Integer(0))
+        )
+        if affine != 0 or any(c.free_symbols & set(variables) for c in strides):
+            return None
+        if any(c.is_number and c < 0 for c in (*strides, offset)):
+            return None
+        if value.stride_hint is not None and tuple(strides) != tuple(value.stride_hint):
+            return None  # asked for another layout (a channels-last clone): store it so
+        view = ExternKernel(
+            name=self._new_name("buf"),
+            op=torch.ops.aten.as_strided.default,
+            args=(BufferRef(body.buffer), tuple(value.size), tuple(strides), offset),
+            kwargs=(),
+            outputs=(Layout(value.device, value.dtype, tuple(value.size), tuple(strides), offset),),
+            origin=self.current_node.name if self.current_node is not None else "",
+        )
+        self.add(view)
+        self.layouts[view.name] = view.outputs[0]  # type: ignore[assignment]  # a tensor result
+        self._views.add(view.name)
+        value.realized = BufferRef(view.name)
+        return value.realized
+
+    def add(self, node: ComputeNode) -> None:
+        self.program.nodes.append(node)
+
+    def _convert(self, arg: Any, *, copy_inputs: bool = False) -> Any:
+        """An FX argument as an IR argument tree (lazy tensors realized)."""
+        if isinstance(arg, torch.fx.Node):
+            return self._realize_tree(self.env[arg], copy_inputs)
+        if isinstance(arg, (list, tuple)):
+            return tuple(self._convert(a, copy_inputs=copy_inputs) for a in arg)
+        if isinstance(arg, dict):
+            return {k: self._convert(v, copy_inputs=copy_inputs) for k, v in arg.items()}
+        if isinstance(arg, _SYM_TYPES):
+            return as_expr(arg)
+        return arg
+
+    def _new_name(self, prefix: str) -> str:
+        name = f"{prefix}{self._counter}"
+        self._counter += 1
+        return name
+
+    # -- loop mode: values, realization, mutation -------------------------------
+
+    def tensor(self, arg: Any) -> LazyTensor:
+        """The tensor value of an FX argument as a LazyTensor (buffers read through
+        their layout). Raises NotLowerable for anything that is not a tensor."""
+        value = self.env[arg] if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(value, LazyTensor):
+            if value.realized is None:
+                return value
+            value = value.realized
+        if isinstance(value, BufferRef):
+            name = self.current(value).name
+            layout = self.layouts.get(name)
+            if layout is None:
+                raise NotLowerable(f"{name} is not a tensor buffer")
+            return LazyTensor(layout.device, layout.dtype, layout.size, buffer_loader(name, layout))
+        raise NotLowerable(f"expected a tensor, got {type(value).__name__}")
+
+    def current(self, ref: BufferRef) -> BufferRef:
+        name = ref.name
+        while name in self.versions:
+            name = self.versions[name]
+        return ref if name == ref.name else BufferRef(name)
+
+    def realize(self, value: Any, *, copy_inputs: bool = False) -> BufferRef:
+        """Store a LazyTensor in a ComputedBuffer (a BufferRef is returned as is).
+
+        A value that is a plain read of a whole buffer is that buffer, unless
+        `copy_inputs` asks for a fresh one (graph outputs must not alias inputs the
+        graph does not return as such)."""
+        if isinstance(value, BufferRef):
+            return self.current(value)
+        if not isinstance(value, LazyTensor):
+            raise NotLowerable(f"cannot realize {type(value).__name__}")
+        if value.realized is not None:
+            return value.realized
+        whole = self.whole_buffer(value)
+        if whole is not None and not (
+            copy_inputs and any(n.name == whole for n in self.program.inputs)
+        ):
+            value.realized, value.borrowed = BufferRef(whole), True
+            return value.realized
+        layout = Layout.contiguous(value.device, value.dtype, value.size)
+        if value.stride_hint is not None:
+            layout = Layout(value.device, value.dtype, value.size, value.stride_hint)
+        value.realized = self.store(Pointwise(value.size, value.body()), layout)
+        return value.realized
+
+    def node_layout(
+        self, device: torch.device, dtype: torch.dtype, size: tuple[sympy.Expr, ...]
+    ) -> Layout:
+        """The layout to store a value of the current node in: channels-last when eager
+        would make it so (the node's first tensor value of this size is channels-last:
+        pooling a channels-last input), else contiguous."""
+        node = self.current_node
+        val = node.meta.get("val") if node is not None else None
+        for item in val if isinstance(val, (tuple, list)) else [val]:
+            if isinstance(item, torch.Tensor) and _channels_last(item):
+                layout = Layout.of(item)
+                if layout.size == tuple(size):
+                    return Layout(device, dtype, layout.size, layout.stride)
+        return Layout.contiguous(device, dtype, size)
+
+    def whole_buffer(self, value: LazyTensor) -> str | None:
+        """The buffer `value` reads exactly as it is stored (same sizes, strides and
+        dtype), if any: storing `value` again would be a copy."""
+        body = value.body()
+        if not isinstance(body, Load) or body.mask is not None or body.indirect:
+            return None
+        layout = self.layouts.get(body.buffer)
+        if layout is None or layout.size != value.size or layout.dtype != value.dtype:
+            return None
+        if value.stride_hint is not None and tuple(layout.stride) != tuple(value.stride_hint):
+            return None  # a copy into another layout (a channels-last clone)
+        expected = buffer_loader(body.buffer, layout)(loop_vars(value.ndim))
+        return body.buffer if isinstance(expected, Load) and expected.index == body.index else None
+
+    def store(self, loop: Loop, layout: Layout, *, mutates: str | None = None) -> BufferRef:
+        """Add a ComputedBuffer for `loop` and return a reference to it."""
+        if mutates is not None:
+            snapshot_readers(self, mutates)
+        name = self._new_name("buf")
+        origin = self.current_node.name if self.current_node is not None else ""
+        self.add(ComputedBuffer(name, layout, loop, mutates, origin))
+        self.layouts[name] = layout
+        if mutates is not None:
+            self.versions[mutates] = name
+        return BufferRef(name)
+
+    def mutate(self, target: Any, value: LazyTensor) -> Any:
+        """Write `value` into the buffer behind `target` in place (ember.ir.mutation)."""
+        return mutate(self, target, value)
+
+    def seed_buffer(self) -> str:
+        """The name of the program's random seed (created on first use)."""
+        if self.program.rng_seed is None:
+            self.program.rng_seed = "rng_seed"
+            self.layouts["rng_seed"] = Layout(torch.device("cpu"), torch.int64, (), ())
+        return self.program.rng_seed
+
+    def rng_offset(self, count: sympy.Expr) -> sympy.Expr:
+        """Reserve `count` numbers of the program's random stream; return the first."""
+        start = self._rng_offset
+        self._rng_offset = simplify_index(start + count)
+        return start
+
+    def _maybe_realize(self, node: torch.fx.Node, result: Any, val: Any = None) -> Any:
+        if val is None:
+            val = node.meta.get("val")
+        if isinstance(result, tuple):
+            vals = val if isinstance(val, (tuple, list)) and len(val) == len(result) else ()
+            return tuple(
+                self._maybe_realize(node, r, vals[k] if vals else ()) for k, r in enumerate(result)
+            )
+        if not isinstance(result, LazyTensor) or result.realized is not None:
+            return result
+        if isinstance(val, torch.Tensor) and _channels_last(val):
+            # Eager keeps channels-last values channels-last (convolutions pick their
+            # kernels by it): when this one is stored, it is stored that way too.
+            layout = Layout.of(val)
+            if layout.size == result.size:
+                result.stride_hint = layout.stride
+        cost = result.cost()
+        shared = len(node.users) > 1
+        if (
+            cost > self.options.max_inline_cost
+            or (shared and cost > self.options.realize_cost)
+            or (shared and result.buffers_read() > self.options.realize_reads)
+        ):
+            self.realize(result)
+        return result
+
+    def _realize_tree(self, value: Any, copy_inputs: bool) -> Any:
+        if isinstance(value, LazyTensor):
+            return self.realize(value, copy_inputs=copy_inputs)
+        if isinstance(value, BufferRef):
+            return self.current(value)
+        if isinstance(value, tuple):
+            return tuple(self._realize_tree(v, copy_inputs) for v in value)
+        return value
+
+    def _check_extern_mutation(self, node: torch.fx.Node) -> None:
+        """An extern that writes an argument must get the real buffer, not a copy."""
+        assert isinstance(node.target, torch._ops.OpOverload)
+        for arg, value in zip(node.target._schema.arguments, node.args, strict=False):
+            info = arg.alias_info
+            if not isinstance(value, torch.fx.Node):
+                continue
+            written = info is not None and info.is_write
+            # a written lazy value read by nobody else may be passed as a stored copy
+            if written and not isinstance(self.env[value], BufferRef) and len(value.users) > 1:
+                raise LoweringError(
+                    node.name,
+                    str(node.target),
+                    "the op writes an argument that is a view or an unstored value; "
+                    "functionalize the graph first (AOTAutograd and torch.export do)",
+                )
+
+    def args(self, node: torch.fx.Node) -> dict[str, Any]:
+        """The node's arguments by schema name, defaults filled in."""
+        assert isinstance(node.target, torch._ops.OpOverload)
+        bound: dict[str, Any] = {}
+        for i, arg in enumerate(node.target._schema.arguments):
+            if i < len(node.args) and not arg.kwarg_only:
+                bound[arg.name] = node.args[i]
+            elif arg.name in node.kwargs:
+                bound[arg.name] = node.kwargs[arg.name]
+            else:
+                bound[arg.name] = arg.default_value if arg.has_default_value() else None
+        return bound
+
+    def out_val(self, node: torch.fx.Node) -> torch.Tensor:
+        val = node.meta["val"]
+        if not isinstance(val, torch.Tensor):
+            raise NotLowerable("the result is not a single tensor")
+        return val
+
+    def out_size(self, node: torch.fx.Node) -> tuple[sympy.Expr, ...]:
+        return tuple(as_expr(s) for s in self.out_val(node).shape)
+
+
+def int_arg(value: Any) -> int:
+    """An integer argument of an FX node (FX types them as any argument)."""
+    return int(value)
+
+
+def list_arg(value: Any) -> list[Any]:
+    """A list argument of an FX node."""
+    return list(value)
+
+
+def _has_complex(node: torch.fx.Node) -> bool:
+    vals = [node.meta.get("val")]
+    vals += [a.meta.get("val") for a in node.all_input_nodes]
+    flat: list[Any] = []
+    for v in vals:
+        flat.extend(v if isinstance(v, (tuple, list)) else [v])
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in flat)
+
+
+_MISSING = object()
+
+
+# Names the generated code uses for itself: inputs must not shadow them.
+_RESERVED = frozenset({"args", "call", "torch", "math"})
+
+
+def _is_view_op(arg: Any) -> bool:
+    """The FX node's op returns an alias of its input (so eager's output is a view)."""
+    target = getattr(arg, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and returns_view(target)
+
+
+def _non_overlapping(layout: Layout) -> bool:
+    """No two indices share a storage element (dense, or with gaps): strides a kernel
+    can store to in a fresh `empty_strided` buffer. Proven for all sizes: each stride,
+    smallest first, reaches past the farthest element the smaller dimensions reach,
+    either exactly (each floor division as an opaque positive integer) or against an
+    upper bound (a // b <= a / b, for slices like [::2] of a symbolic size)."""
+    dims = sorted(
+        ((st, sz) for st, sz in zip(layout.stride, layout.size, strict=True) if sz != 1),
+        key=lambda pair: _hint(pair[0]),
+    )
+    divisions = sorted(
+        {e for st, sz in dims for e in (st, sz) for e in sympy.preorder_traversal(e)
+         if isinstance(e, FloorDiv)}, key=str,
+    )  # fmt: skip
+    opaque = {
+        d: sympy.Symbol(f"q{k}", integer=True, positive=True) for k, d in enumerate(divisions)
+    }
+
+    def upper(e: sympy.Expr) -> sympy.Expr:
+        return e.replace(lambda x: isinstance(x, FloorDiv), lambda x: x.args[0] / x.args[1])
+
+    def proven(difference: sympy.Expr) -> bool:
+        return sympy.factor(sympy.expand(difference)).is_nonnegative is True  # t*(s - 1)
+
+    exact: sympy.Expr = sympy.Integer(1)  # past the farthest element the smaller dims reach
+    bound: sympy.Expr = sympy.Integer(1)  # an upper bound of it
+    for stride, size in dims:
+        if not (proven((stride - exact).xreplace(opaque)) or proven(stride - bound)):
+            return False
+        exact = sympy.expand(exact + (size - 1) * stride)
+        bound = sympy.expand(bound + (upper(size) - 1) * stride)
+    return True
+
+
+def _same_strides(a: Layout, b: Layout) -> bool:
+    return a.size == b.size and all(
+        sympy.expand(x - y) == 0
+        for x, y, n in zip(a.stride, b.stride, a.size, strict=True)
+        if n != 1
+    )
+
+
+def _hint(expr: sympy.Expr) -> int:
+    return (
+        int(expr.xreplace({s: sympy.Integer(97) for s in expr.free_symbols}))
+        if expr.free_symbols
+        else int(expr)
+    )
+
+
+def _identifier(name: str) -> str:
+    """The FX name as a safe Python identifier (generated code uses it verbatim)."""
+    cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    if (
+        not cleaned
+        or cleaned[0].isdigit()
+        or keyword.iskeyword(cleaned)
+        or cleaned in _RESERVED
+        or cleaned.startswith(("sym_", "buf", "const", "op", "obj"))
+    ):
+        return f"in_{cleaned}"
+    return cleaned
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _channels_last(val: torch.Tensor) -> bool:
+    """A 4-D tensor value stored channels-last (and not also plain contiguous)."""
+    return (
+        val.dim() == 4
+        and val.is_contiguous(memory_format=torch.channels_last)
+        and not val.is_contiguous()
+    )

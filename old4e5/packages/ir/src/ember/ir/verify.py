@@ -1,0 +1,212 @@
+"""The verifier: invariants every Program must keep, checked after lowering.
+
+Names are unique and every read names a value defined before it and still live (a
+buffer superseded by a mutation must be read through its new name); size expressions
+use only bound symbols; loop bodies are well typed (the ops protocol's dtype rules,
+bool masks and conditions, loads of a buffer's own dtype) and use only their own loop
+variables; and a load whose index bounds can be proven from static sizes stays inside
+the buffer it reads.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+from ember.ir.errors import VerificationError
+from ember.ir.expr import Cast, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.layout import Layout
+from ember.ir.loops import REDUCTION_KINDS, SCATTER_REDUCE, Reduction, Scatter, loop_bodies
+from ember.ir.nodes import (
+    BufferRef,
+    ComputedBuffer,
+    ExternKernel,
+    InputBuffer,
+    MultiOutput,
+    iter_exprs,
+    iter_refs,
+)
+from ember.ir.ops import BOOL_RESULT, MIXED_ARGS, OP_NAMES, arity
+from ember.ir.program import Program
+from ember.ir.symbolic import index_var, indirect_var
+
+
+def verify(program: Program) -> None:
+    """Raise VerificationError at the first broken invariant."""
+    defined: set[str] = set()
+    superseded: dict[str, str] = {}
+    layouts: dict[str, Layout] = {}
+    symbols = set(program.size_symbols())
+
+    def define(name: str) -> None:
+        if name in defined:
+            raise VerificationError(f"{program.name}: {name!r} is defined twice")
+        defined.add(name)
+
+    for node in program.inputs:
+        define(node.name)
+        if isinstance(node, InputBuffer):
+            layouts[node.name] = node.layout
+    for const in program.constants:
+        define(const.name)
+        layouts[const.name] = const.layout
+    if program.rng_seed is not None:
+        define(program.rng_seed)
+        layouts[program.rng_seed] = Layout(torch.device("cpu"), torch.int64, (), ())
+    for item in program.nodes:
+        for read in item.reads():
+            if read not in defined:
+                raise VerificationError(
+                    f"{program.name}: {item.name!r} reads {read!r}, which is not defined before it"
+                )
+            if read in superseded and not (
+                isinstance(item, ComputedBuffer) and item.mutates == read
+            ):
+                raise VerificationError(
+                    f"{program.name}: {item.name!r} reads {read!r} after {superseded[read]!r} "
+                    "overwrote it; read the new name"
+                )
+        if isinstance(item, ExternKernel):
+            for expr in iter_exprs((item.args, item.kwargs)):
+                unbound = expr.free_symbols - symbols
+                if unbound:
+                    raise VerificationError(
+                        f"{program.name}: {item.name!r} ({item.op}) uses unbound size symbols "
+                        f"{sorted(map(str, unbound))}"
+                    )
+            if item.symbol is not None:
+                symbols.add(item.symbol)
+            if not item.multi and item.outputs[0] is not None:
+                layouts[item.name] = item.outputs[0]
+        elif isinstance(item, MultiOutput):
+            if item.index < 0:
+                raise VerificationError(f"{program.name}: {item.name!r} has a negative index")
+            if item.layout is not None:
+                layouts[item.name] = item.layout
+        elif isinstance(item, ComputedBuffer):
+            _check_loop(program.name, item, layouts, symbols)
+            layouts[item.name] = item.layout
+            if item.mutates is not None:
+                superseded[item.mutates] = item.name
+        define(item.name)
+    for ref in iter_refs(program.outputs):
+        if ref.name not in defined:
+            raise VerificationError(f"{program.name}: output {ref.name!r} is not defined")
+    for out in program.outputs:
+        if not isinstance(out, BufferRef):
+            for expr in iter_exprs(out):
+                if expr.free_symbols - symbols:
+                    raise VerificationError(f"{program.name}: output {expr} has unbound symbols")
+
+
+def _check_loop(
+    program: str, buffer: ComputedBuffer, layouts: dict[str, Layout], symbols: set[sympy.Symbol]
+) -> None:
+    loop = buffer.loop
+    where = f"{program}: {buffer.name!r}"
+    variables = {index_var("i", d) for d in range(len(loop.ranges))}
+    if isinstance(loop, Reduction):
+        if loop.kind not in REDUCTION_KINDS:
+            raise VerificationError(f"{where}: unknown reduction {loop.kind!r}")
+        if not loop.reduction_ranges:  # codegens would store the body: wrong for argmax
+            raise VerificationError(f"{where}: {loop.kind} reduction over no dimension")
+        variables |= {index_var("r", d) for d in range(len(loop.reduction_ranges))}
+    if isinstance(loop, Scatter) and loop.reduce not in SCATTER_REDUCE:
+        raise VerificationError(f"{where}: unknown scatter reduction {loop.reduce!r}")
+    if buffer.layout.dtype != loop.dtype:
+        raise VerificationError(f"{where}: stores {loop.dtype} in a {buffer.layout.dtype} buffer")
+    if (isinstance(loop, Scatter) or buffer.mutates) and buffer.mutates not in layouts:
+        raise VerificationError(f"{where}: writes {buffer.mutates!r}, which is not a buffer")
+    extents = {name: lay.storage_extent() for name, lay in layouts.items()}
+    ranges = {index_var("i", d): r for d, r in enumerate(loop.ranges)}
+    if isinstance(loop, Reduction):
+        ranges |= {index_var("r", d): r for d, r in enumerate(loop.reduction_ranges)}
+    for root in loop_bodies(loop):
+        for node in walk(root):
+            _check_node(where, node, layouts, variables | symbols, extents, ranges)
+    if isinstance(loop, Scatter):
+        allowed = variables | symbols | {indirect_var(k) for k in range(len(loop.indirect))}
+        _check_symbols(where, loop.index, allowed)
+
+
+def _check_node(
+    where: str,
+    node: Node,
+    layouts: dict[str, Layout],
+    allowed: set[sympy.Symbol],
+    extents: dict[str, sympy.Expr],
+    ranges: dict[sympy.Symbol, sympy.Expr],
+) -> None:
+    if isinstance(node, Load):
+        layout = layouts.get(node.buffer)
+        if layout is None:
+            raise VerificationError(f"{where}: loads {node.buffer!r}, which is not a live buffer")
+        if layout.dtype != node.dtype:
+            raise VerificationError(
+                f"{where}: loads {layout.dtype} {node.buffer!r} as {node.dtype}"
+            )
+        if node.mask is not None and node.mask.dtype != torch.bool:
+            raise VerificationError(f"{where}: mask of a load of {node.buffer!r} is not bool")
+        indirect = {indirect_var(k) for k in range(len(node.indirect))}
+        _check_symbols(where, node.index, allowed | indirect)
+        if node.mask is None and not node.indirect:
+            _check_bounds(where, node, extents[node.buffer], ranges)
+    elif isinstance(node, Op):
+        if node.name not in OP_NAMES:
+            raise VerificationError(f"{where}: {node.name!r} is not in the ops protocol")
+        if len(node.args) != arity(node.name):
+            raise VerificationError(f"{where}: {node.name} takes {arity(node.name)} arguments")
+        if node.name not in MIXED_ARGS and len({a.dtype for a in node.args}) > 1:
+            raise VerificationError(
+                f"{where}: {node.name} mixes dtypes {[str(a.dtype) for a in node.args]}"
+            )
+        expected = torch.bool if node.name in BOOL_RESULT else node.args[-1].dtype
+        if node.dtype != expected:
+            raise VerificationError(f"{where}: {node.name} gives {expected}, not {node.dtype}")
+    elif isinstance(node, Where):
+        if node.cond.dtype != torch.bool or node.a.dtype != node.b.dtype:
+            raise VerificationError(f"{where}: where needs a bool condition and equal dtypes")
+    elif isinstance(node, IndexExpr):
+        if node.dtype.is_floating_point or node.dtype == torch.bool:
+            raise VerificationError(f"{where}: index values are integers, not {node.dtype}")
+        _check_symbols(where, node.expr, allowed)
+    elif isinstance(node, Rand):
+        if node.distribution not in ("uniform", "normal") or node.dtype != torch.float32:
+            raise VerificationError(f"{where}: bad random draw {node.distribution} {node.dtype}")
+        _check_symbols(where, node.index, allowed)
+    elif isinstance(node, Cast) and node.x.dtype == node.to:
+        raise VerificationError(f"{where}: cast to its own dtype {node.to}")
+
+
+def _check_symbols(where: str, expr: sympy.Expr, allowed: set[sympy.Symbol]) -> None:
+    stray = sympy.sympify(expr).free_symbols - allowed
+    if stray:
+        raise VerificationError(
+            f"{where}: index {expr} uses unknown symbols {sorted(map(str, stray))}"
+        )
+
+
+def _check_bounds(
+    where: str, node: Load, extent: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]
+) -> None:
+    """Loads whose index range is computable from static sizes stay in the buffer."""
+    if not isinstance(extent, sympy.Integer) or not all(
+        isinstance(r, sympy.Integer) for r in ranges.values()
+    ):
+        return
+    index = sympy.sympify(node.index)
+    if index.free_symbols - set(ranges):
+        return
+    if any(int(r) == 0 for r in ranges.values()):
+        return
+    bounds = {v: ValueRanges(0, int(r) - 1) for v, r in ranges.items() if v in index.free_symbols}
+    try:
+        found = bound_sympy(index, bounds)
+    except Exception:
+        return
+    low, high = found.lower, found.upper
+    if (low.is_number and low < 0) or (high.is_number and high >= int(extent)):
+        raise VerificationError(
+            f"{where}: load {node.buffer}[{node.index}] spans [{low}, {high}] outside [0, {extent})"
+        )

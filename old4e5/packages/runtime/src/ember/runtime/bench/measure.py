@@ -1,0 +1,204 @@
+"""One benchmark measurement, in its own process: one model, mode, backend, phase.
+
+The harness (`ember.runtime.bench.harness`) starts this module as
+`python -m ember.runtime.bench.measure ...` with the cache variables (EMBER_CACHE_DIR,
+TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) pointing into a directory of its own: fresh
+for the "cold" phase, the cold run's for the "warm" phase. A process per measurement
+keeps compile caches, allocator state and peak memory from leaking between rows.
+
+- cold: time the first call (compile + one run), check it against eager with the
+  accuracy rule (float64 reference), then time calls (median after warm-up; CUDA
+  events on GPU) and measure peak memory (CUDA allocator peak over one call; on the CPU
+  the process's peak resident set, which includes torch itself).
+- warm: only the first call, with the caches the cold run filled.
+
+A training step is forward + loss + backward; the loss is taken outside the model.
+Inductor's kernel count comes from `torch._inductor.metrics`, imported through
+importlib only in the inductor measurement (product code does not depend on Inductor;
+here it is the comparator). It counts generated kernels; ember's count (from its
+compile records) also counts extern calls such as matmuls. On CUDA, `device_kernels`
+counts kernel launches in one call with the profiler, the same way for every backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import resource
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ember.runtime.accuracy import compare_outputs, largest_error
+from ember.runtime.bench.registry import MODELS, loss_input
+from ember.runtime.timing import median_ms, synchronize
+
+
+def prepare(name: str, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, list[Any]]:
+    torch.manual_seed(0)
+    model, inputs = MODELS[name].build("cpu" if device.type == "cpu" else "gpu")
+    model = model.to(device=device, dtype=dtype)
+    cast = [
+        t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device) for t in inputs
+    ]
+    return model, cast
+
+
+def step_fn(model: nn.Module, inputs: list[Any], mode: str) -> Callable[[], Any]:
+    """One inference call, or one training step returning (loss, gradients)."""
+    if mode == "inference":
+        model.eval()
+
+        def infer() -> Any:
+            with torch.no_grad():
+                return model(*inputs)
+
+        return infer
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:  # a block without weights: differentiate with respect to its inputs
+        params = [t.requires_grad_(True) for t in inputs if t.is_floating_point()]
+
+    def train() -> Any:
+        for p in params:
+            p.grad = None
+        loss = loss_input(model(*inputs)).float().square().mean()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+        # torch.compile may return zeros where eager leaves an unused weight's grad None.
+        return (loss.detach(), [torch.zeros_like(p) if p.grad is None else p.grad for p in params])
+
+    return train
+
+
+def _device_kernels(fn: Callable[[], Any], device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            synchronize(device)
+        return len([e for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA"])
+    except Exception:
+        return None
+
+
+def _peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    fn()
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def measure(
+    name: str,
+    mode: str,
+    backend: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    phase: str,
+    runs: int,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    model, inputs = prepare(name, device, dtype)
+    if backend == "eager":
+        fn = step_fn(model, inputs, mode)
+        record["ms"] = median_ms(fn, device, runs=runs)
+        record["peak_mem_bytes"] = _peak_memory(fn, device)
+        record["device_kernels"] = _device_kernels(fn, device)
+        return record
+    reference_model = copy.deepcopy(model)
+    torch._dynamo.reset()
+    if backend == "inductor":
+        metrics = importlib.import_module("torch._inductor.metrics")  # comparator only
+        vars(metrics)["generated_kernel_count"] = 0
+    from ember.runtime.compiler import compile_records
+
+    first_record = len(compile_records)
+    compiled = torch.compile(model, backend=backend)
+    fn = step_fn(compiled, inputs, mode)  # type: ignore[arg-type]  # compiled module
+    start = time.perf_counter()
+    actual = fn()
+    synchronize(device)
+    record["compile_s"] = time.perf_counter() - start
+    if phase == "warm":
+        return record
+    if backend == "inductor":
+        record["kernels"] = int(vars(metrics)["generated_kernel_count"])
+    else:
+        records = compile_records[first_record:]
+        record["kernels"] = sum(r.kernels for r in records)
+        record["graphs"] = len(records)
+        record["ran_eagerly"] = sum(1 for r in records if r.ran_eagerly)
+    expected = step_fn(reference_model, inputs, mode)()
+    exact = copy.deepcopy(reference_model).to(torch.float64)
+    upcast = [t.to(torch.float64) if t.is_floating_point() else t for t in inputs]
+    reference = step_fn(exact, upcast, mode)()
+    record["max_abs_err"] = largest_error(actual, expected)
+    verdict = compare_outputs(actual, expected, reference=reference)
+    record["matches_eager"] = verdict is None
+    if verdict is not None:
+        record["mismatch"] = f"output{verdict[1]}: {verdict[0].describe()}"
+    del exact, reference, expected, reference_model
+    record["ms"] = median_ms(fn, device, runs=runs)
+    record["peak_mem_bytes"] = _peak_memory(fn, device)
+    record["device_kernels"] = _device_kernels(fn, device)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ember.runtime.bench.measure")
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--mode", required=True, choices=["inference", "train"])
+    parser.add_argument("--backend", required=True, choices=["eager", "inductor", "ember"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--phase", default="cold", choices=["cold", "warm"])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--wait", action="store_true", help="import, then wait for 'go' on stdin (prefetch)"
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import ember.runtime  # noqa: F401  # registers backend="ember"
+
+    if args.wait:
+        library = MODELS[args.model].requires
+        if library is not None:
+            importlib.import_module(library)
+        if args.device.startswith("cuda"):
+            torch.cuda.init()  # type: ignore[no-untyped-call]  # torch stub
+        if sys.stdin.readline().strip() != "go":
+            return 0  # not run after all (the harness's time limit)
+
+    warnings.simplefilter("ignore")
+    record = measure(
+        args.model,
+        args.mode,
+        args.backend,
+        torch.device(args.device),
+        getattr(torch, args.dtype),
+        args.phase,
+        args.runs,
+    )
+    args.out.write_text(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

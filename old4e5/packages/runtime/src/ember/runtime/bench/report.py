@@ -1,0 +1,86 @@
+"""Present bench records: the text table `ember bench` prints and the speedup chart.
+
+The chart (`--plot`) is one horizontal bar per (model, mode) and compiling backend,
+speedup over eager on a shared axis with a line at 1x, so "which is faster, by how much"
+reads at a glance; failed rows are marked instead of silently missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from ember.runtime.bench.harness import BenchRecord
+from ember.runtime.table import format_table
+
+HEADERS = [
+    "model", "mode", "backend", "cold s", "warm s", "ms", "speedup",
+    "peak MB", "max err", "ok", "kernels", "note",
+]  # fmt: skip
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_records(records: Sequence[BenchRecord]) -> str:
+    rows = []
+    for r in records:
+        ok = "-" if r.matches_eager is None else ("yes" if r.matches_eager else "NO")
+        note = r.error or "; ".join(r.notes)
+        rows.append(
+            [
+                r.model,
+                r.mode,
+                r.backend,
+                _num(r.compile_cold_s, ".1f"),
+                _num(r.compile_warm_s, ".1f"),
+                _num(r.ms, ".3f"),
+                "-" if r.speedup_vs_eager is None else f"{r.speedup_vs_eager:.2f}x",
+                _num(None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**20, ".0f"),
+                _num(r.max_abs_err, ".1e"),
+                ok,
+                "-" if r.kernels is None else str(r.kernels),
+                note[:70],
+            ]
+        )
+    device = f"{records[0].device}, {records[0].dtype}" if records else ""
+    return f"ember bench ({device})\n" + format_table(HEADERS, rows)
+
+
+def plot_speedups(records: Sequence[BenchRecord], path: Path) -> Path:
+    """Write a bar chart of speedup over eager per (model, mode) and backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys((r.model, r.mode) for r in records))
+    backends = [b for b in ("inductor", "ember") if any(r.backend == b for r in records)]
+    by_key = {(r.model, r.mode, r.backend): r for r in records}
+    height = 0.8 / max(len(backends), 1)
+    colors = {"inductor": "#8c8c8c", "ember": "#e4572e"}
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(cases) * max(len(backends), 1) + 1.5))
+    for b_index, backend in enumerate(backends):
+        for c_index, (model, mode) in enumerate(cases):
+            r = by_key.get((model, mode, backend))
+            y = c_index + b_index * height
+            if r is None or r.speedup_vs_eager is None:
+                ax.text(0.02, y, "failed" if r and r.error else "n/a", va="center", fontsize=8)
+                continue
+            ax.barh(y, r.speedup_vs_eager, height=height, color=colors[backend],
+                    label=backend if c_index == 0 else None)  # fmt: skip
+            ax.text(r.speedup_vs_eager, y, f" {r.speedup_vs_eager:.2f}x", va="center", fontsize=8)
+    ax.set_yticks([i + height * (len(backends) - 1) / 2 for i in range(len(cases))])
+    ax.set_yticklabels([f"{m} ({mode})" for m, mode in cases])
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("speedup over eager (higher is better)")
+    device = f"{records[0].device}, {records[0].dtype}" if records else ""
+    ax.set_title(f"ember bench: speedup over eager ({device})")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

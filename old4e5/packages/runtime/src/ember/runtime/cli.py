@@ -1,0 +1,48 @@
+"""The `ember` command line: `ember demo`, `ember bench`, `ember config`.
+
+Also runs as `python -m ember.runtime.cli` (for machines without the console script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import ember.runtime  # noqa: F401  # registers the backend
+from ember.runtime.config import config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ember", description="Ember, a compiler backend for PyTorch."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser(
+        "demo", help="compile built-in models, compare with eager, print a table"
+    )
+    demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    bench = commands.add_parser(
+        "bench", help="benchmark ember against eager and TorchInductor (benchmarks/README.md)"
+    )
+    from ember.runtime.bench import add_arguments, run_cli
+
+    add_arguments(bench)
+    commands.add_parser("config", help="print ember's settings and the EMBER_* variables")
+    args = parser.parse_args(argv)
+
+    if args.command == "demo":
+        from ember.runtime.demo import run_demo
+
+        return run_demo(args.device)
+    if args.command == "bench":
+        return run_cli(args)
+    if args.command == "config":
+        print(config.describe())
+        return 0
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The compile driver: one ATen graph through the whole stack to a callable.
+
+passes (ember.graphpasses) -> lowering and verification (ember.ir) -> schedule and
+memory plan (ember.scheduler) -> wrapper source -> load. Each stage is timed, and with
+`EMBER_DEBUG_DIR` set each stage's output is written there. A failure in any stage
+either raises `EmberCompileError` (strict mode) or is logged and the graph runs eagerly,
+so a compiler bug never takes the user's program down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from ember.graphpasses import default_pipeline
+from ember.ir import LoweringOptions, Program, format_program, lower_graph, verify
+from ember.runtime.config import config
+from ember.runtime.kernels import (
+    Launcher,
+    compile_kernels,
+    scheduling_choices,
+    unsupported_ops,
+    wants_loops,
+)
+from ember.runtime.loader import load_module, write_source
+from ember.runtime.logs import setup_logging
+from ember.runtime.wrapper import generate_wrapper
+from ember.scheduler import Schedule, schedule_program
+
+log = logging.getLogger("ember.runtime")
+_graph_ids = itertools.count()
+
+
+class EmberCompileError(RuntimeError):
+    """A graph failed to compile (raised in strict mode, logged otherwise)."""
+
+    def __init__(self, graph: str, stage: str, cause: BaseException) -> None:
+        super().__init__(
+            f"ember failed to compile graph {graph!r} in stage {stage!r}: "
+            f"{type(cause).__name__}: {cause}. (Such graphs run eagerly unless EMBER_STRICT=1; "
+            "EMBER_DEBUG_DIR=<dir> dumps each stage's output.)"
+        )
+        self.graph = graph
+        self.stage = stage
+
+
+@dataclass
+class CompileRecord:
+    """What compiling one graph did; kept in `compile_records` for demo and bench."""
+
+    graph: str
+    kernels: int = 0
+    steps: int = 0
+    fallback_ops: list[str] = field(default_factory=list)
+    wrapper_path: Path | None = None
+    debug_dir: Path | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    fused_kernels: int = 0  # generated kernels among `kernels`
+    planned_peak_bytes: int = 0  # the memory plan's peak (size symbols counted as 64)
+    kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
+    ran_eagerly: str | None = None  # why, when the graph fell back to eager
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.stage_seconds.values())
+
+
+compile_records: list[CompileRecord] = []
+
+
+class CompiledGraph:
+    """The compiled callable: boxed (takes the list of inputs, which it empties)."""
+
+    def __init__(self, call: Callable[[list[Any]], Any], record: CompileRecord) -> None:
+        # An instance attribute, not a class one: wrappers that AOTAutograd puts around
+        # the callable copy __dict__ (functools.wraps), and the flag must survive that.
+        self._boxed_call = True
+        self._call = call
+        self.record = record
+
+    def __call__(self, args: list[Any]) -> Any:
+        return self._call(args)
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any] = (), *, name: str = "graph"
+) -> CompiledGraph:
+    """Compile an ATen-level graph (nodes carry `meta['val']`) into a boxed callable."""
+    setup_logging()
+    graph_name = f"{name}_{next(_graph_ids)}"
+    record = CompileRecord(graph_name)
+    compile_records.append(record)
+    debug_root = config.debug_dir
+    debug = debug_root / graph_name if debug_root is not None else None
+    record.debug_dir = debug
+    eager_gm, gm = gm, _copy_graph_module(gm)  # passes rewrite the copy; eager keeps the original
+
+    stage = "passes"
+    try:
+        with _timed(record, stage):
+            gm, report = default_pipeline(dump_dir=debug / "passes" if debug else None).run(gm)
+            log.debug("%s", report.format())
+        devices = _devices(gm)
+        loops = wants_loops(devices, config.kernels)
+        stage = "lowering"
+        program, schedule, launchers = _build(gm, graph_name, record, debug, devices, loops=loops)
+        if loops and launchers is None:
+            program, schedule, launchers = _build(
+                gm, graph_name, record, debug, devices, loops=False
+            )
+        stage = "wrapper"
+        with _timed(record, stage):
+            wrapper = generate_wrapper(schedule, launchers)
+            path = write_source(config.cache_dir / "wrappers", wrapper.source)
+            module = load_module(path, wrapper.injected)
+        _dump(debug, "wrapper.py", lambda: wrapper.source)
+    except Exception as exc:
+        error = EmberCompileError(graph_name, stage, exc)
+        if config.strict:
+            raise error from exc
+        log.warning("%s Running this graph eagerly.", error)
+        record.ran_eagerly = str(error)
+        return CompiledGraph(_eager_runner(eager_gm), record)
+
+    _fill_record(record, program, schedule, path)
+    log.info(
+        "compiled %s: %d kernels, %d steps, %.1f ms, wrapper %s",
+        graph_name,
+        record.kernels,
+        record.steps,
+        record.seconds * 1e3,
+        path,
+    )
+    call: Callable[[list[Any]], Any] = module.call
+    if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
+        from ember.runtime.check import checked
+
+        call = checked(call, eager_gm, graph_name, path)
+    return CompiledGraph(call, record)
+
+
+def _build(
+    gm: torch.fx.GraphModule,
+    name: str,
+    record: CompileRecord,
+    debug: Path | None,
+    devices: set[torch.device],
+    *,
+    loops: bool,
+) -> tuple[Program, Schedule, dict[str, Launcher] | None]:
+    """Lower, schedule and compile the kernels of one graph.
+
+    Lowering and scheduling errors propagate (the caller decides: strict or eager).
+    A failure to generate or compile kernels returns `None` launchers so the caller
+    can retry with every op as an ATen call: a kernel bug costs speed, not the graph.
+    """
+    with _timed(record, "lowering"):
+        options = LoweringOptions(
+            allow_fallback=config.fallback,
+            loops=loops,
+            unsupported_ops=unsupported_ops(devices, config.kernels) if loops else frozenset(),
+        )
+        program = lower_graph(gm, name=name, options=options)
+        verify(program)
+    _dump(debug, "ir.txt", lambda: format_program(program))
+    with _timed(record, "scheduling"):
+        schedule = schedule_program(program, scheduling_choices(devices))
+    _dump(debug, "schedule.txt", schedule.format)
+    if not schedule.kernels:
+        return program, schedule, {}
+    try:
+        with _timed(record, "kernels"):
+            launchers = compile_kernels(
+                schedule.kernels, config.kernels, config.cache_dir / "kernels"
+            )
+    except Exception as exc:
+        if config.strict:
+            raise
+        log.warning(
+            "generated kernels for graph %r failed (%s: %s); its ops run as ATen kernels",
+            name,
+            type(exc).__name__,
+            exc,
+        )
+        record.kernel_fallback = f"{type(exc).__name__}: {exc}"
+        return program, schedule, None
+    if debug is not None:
+        _dump_cpp_source(debug, launchers)
+    return program, schedule, launchers
+
+
+def _dump_cpp_source(debug: Path, launchers: dict[str, Launcher]) -> None:
+    """The translation unit of the graph's C++ kernels as `kernels.cpp` (the cache keeps
+    it too, but under a hashed name beside its library)."""
+    from ember.runtime.cpp_kernels import CppKernel
+
+    kernels = [k for k in launchers.values() if isinstance(k, CppKernel)]
+    units = {id(k.unit): k.unit.source.source for k in kernels}
+    if units:
+        _dump(debug, "kernels.cpp", lambda: "\n".join(units.values()))
+
+
+def _devices(gm: torch.fx.GraphModule) -> set[torch.device]:
+    devices: set[torch.device] = set()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            devices.add(val.device)
+    return devices
+
+
+def _fill_record(record: CompileRecord, program: Program, schedule: Schedule, path: Path) -> None:
+    record.kernels = schedule.kernel_count
+    record.fused_kernels = len(schedule.kernels)
+    record.planned_peak_bytes = schedule.memory.peak_bytes
+    record.steps = len(schedule.steps)
+    record.fallback_ops = sorted(program.fallback_ops)
+    record.wrapper_path = path
+
+
+def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    result = graph.graph_copy(gm.graph, {})
+    graph.output(result)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _eager_runner(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:
+    def run(args: list[Any]) -> Any:
+        inputs = list(args)
+        args.clear()
+        return gm(*inputs)
+
+    return run
+
+
+class _timed:
+    def __init__(self, record: CompileRecord, stage: str) -> None:
+        self.record, self.stage = record, stage
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.record.stage_seconds[self.stage] = time.perf_counter() - self.start
+
+
+def _dump(directory: Path | None, filename: str, text: Callable[[], str]) -> None:
+    if directory is None:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / filename).write_text(text())

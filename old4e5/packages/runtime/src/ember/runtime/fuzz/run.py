@@ -1,0 +1,105 @@
+"""Run one fuzzer program eagerly, in float64 and through ember, and judge the result.
+
+The program runs eagerly (the expected values), with its floating dtypes replaced by
+float64 (the precise reference of the accuracy rule), and compiled. A dynamic program
+is compiled once with `dynamic=True` and run at both of its size sets. Ember runs in
+strict mode so a compile failure is a finding, not a silent eager fallback.
+
+The compiler is a parameter (`compile_fn`) so that tests can plant a bug and check
+that the fuzzer finds it and the shrinker reduces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ember.runtime.accuracy import compare, tolerance
+from ember.runtime.check import metadata_mismatch
+from ember.runtime.config import config
+from ember.runtime.fuzz.program import Program, build_function, least_precise_float, make_inputs
+
+CompileFn = Callable[[Callable[..., Any], bool], Callable[..., Any]]
+
+
+def compile_with_ember(fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
+    return torch.compile(fn, backend="ember", dynamic=dynamic or None)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What went wrong: `kind` is 'error', 'mismatch' or 'metadata'; `invalid` if eager fails."""
+
+    kind: str
+    detail: str
+
+
+INVALID = "invalid"  # eager itself raised: the program is not valid (shrinker rejects it)
+
+
+def run_program(
+    program: Program, *, device: str = "cpu", compile_fn: CompileFn = compile_with_ember
+) -> Finding | None:
+    """None when ember agrees with eager at every size set; else the first finding."""
+    size_sets = [dict(program.sizes)]
+    if program.dynamic:
+        size_sets.append(dict(program.dynamic_sizes))
+    eager_fn = build_function(program)
+    ref_fn = build_function(program, float64=True)
+    runs = []
+    try:
+        for sizes in size_sets:
+            inputs = [t.to(device) for t in make_inputs(program, sizes, program.seed)]
+            refs = [t.to(device) for t in make_inputs(program, sizes, program.seed, float64=True)]
+            runs.append((inputs, _call(eager_fn, inputs), _call(ref_fn, refs)))
+    except Exception as exc:
+        return Finding(INVALID, f"eager raised {type(exc).__name__}: {exc}")
+    torch._dynamo.reset()
+    with config.scope(strict=True):
+        compiled = compile_fn(_positional(eager_fn), program.dynamic)
+        for index, (inputs, expected, reference) in enumerate(runs):
+            where = f"run {index} (sizes {size_sets[index]})"
+            try:
+                actual = compiled(*[t.clone() for t in inputs])
+            except Exception as exc:
+                first_line = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+                return Finding("error", f"{where}: {first_line[:400]}")
+            finding = _judge(program, actual, expected, reference, where)
+            if finding is not None:
+                return finding
+    return None
+
+
+def _call(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Any:
+    return fn(*[t.clone() for t in inputs])
+
+
+def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def program(*args: Any) -> Any:
+        return fn(*args)
+
+    return program
+
+
+def _judge(
+    program: Program, actual: Any, expected: Any, reference: Any, where: str
+) -> Finding | None:
+    for index, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        name = program.outputs[index]
+        meta = metadata_mismatch(a, e)
+        if meta is not None and meta.startswith(("dtype", "sizes")):
+            return Finding("metadata", f"{where}: output {index} ({name}): {meta}")
+        rtol = atol = None
+        computed_in = least_precise_float(program, name)
+        if a.is_floating_point() and computed_in is not None:
+            low, own = tolerance(getattr(torch, computed_in)), tolerance(e.dtype)
+            rtol, atol = max(low[0], own[0]), max(low[1], own[1])
+        comparison = compare(a, e, reference=reference[index], rtol=rtol, atol=atol)
+        if not comparison.ok:
+            return Finding("mismatch", f"{where}: output {index} ({name}): {comparison.describe()}")
+        if meta is not None:
+            return Finding("metadata", f"{where}: output {index} ({name}): {meta}")
+    return None

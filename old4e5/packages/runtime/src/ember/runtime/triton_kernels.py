@@ -1,0 +1,417 @@
+"""Loading, tuning and launching the Triton kernels of a schedule.
+
+`compile_triton_kernels(kernels, cache_dir=...)` renders each `FusedKernel` (through
+ember.codegen.triton), writes its source to a content-addressed file under
+`cache_dir` (Triton's jit reads real source files), imports it, and returns one
+launcher per kernel name. Kernels with identical source share one module and so one
+set of compiled binaries (the same layer repeated twelve times compiles once).
+
+A launcher takes the kernel's buffers as tensors (in `buffer_arguments()` order) and
+its sizes as ints (in `size_arguments()` order). It passes each buffer (random seeds
+included: one-element buffers) as its whole storage (index expressions are storage
+offsets) and launches on the current CUDA stream. The first call for a given set of sizes times each
+candidate config briefly and keeps the fastest for the rest of the process; kernels
+that read what they write (or whose tensors alias) are timed on copies.
+
+Under `TRITON_INTERPRET=1` (CPU tensors) the kernels run in Triton's interpreter, with
+libdevice calls served by torch (the interpreter has no libdevice) and no tuning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import triton
+
+from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
+from ember.runtime import compile_pool
+from ember.runtime.compile_pool import CompileJob
+from ember.runtime.loader import load_module, write_source
+from ember.scheduler import FusedKernel
+
+_modules: dict[str, ModuleType] = {}  # source hash -> loaded module
+_chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
+# Seconds spent in first launches (choosing a config, Triton's compile, binding), for
+# compile-time profiles: Triton compiles lazily, so this part of a cold start is not
+# in any CompileRecord.
+first_launch_seconds = [0.0]
+precompile_seconds = {"compile": 0.0, "load": 0.0}  # the two phases of `precompile`
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def compile_triton_kernels(
+    kernels: Sequence[FusedKernel | TritonKernel], *, cache_dir: Path, debug: bool = False
+) -> dict[str, Callable[..., None]]:
+    """A launcher per kernel name. Rendering errors (`UnsupportedKernelError`)
+    propagate, so the caller can fall back for the graph."""
+    launchers: dict[str, TritonLauncher] = {}
+    devices: dict[str, torch.device] = {}
+    for kernel in kernels:
+        rendered = (
+            kernel if isinstance(kernel, TritonKernel) else render_kernel(kernel, debug=debug)
+        )
+        module = load_kernel_module(rendered.source, Path(cache_dir))
+        launchers[rendered.name] = TritonLauncher(rendered, module)
+        if isinstance(kernel, FusedKernel):
+            devices[rendered.name] = kernel.device
+    if not interpreting() and torch.cuda.is_available():
+        precompile([(launchers[n], d) for n, d in devices.items()])
+    return dict(launchers)
+
+
+def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
+    """Compile every candidate config of every distinct kernel source before the
+    first call, so the first call finds the binaries in Triton's in-memory cache.
+
+    Triton compiles lazily at a kernel's first launch, one config after another while
+    the first call tunes: a graph of forty kernels with four configs each spent 30 s
+    there on an H100 (GPT-2). Worker processes (ember.runtime.compile_pool) compile
+    into Triton's disk cache in parallel; then threads here warm each kernel up,
+    which loads those binaries (or compiles, without workers). Sizes are specialised
+    by type only (do_not_specialize), so a sample value of each size symbol (64, an
+    i32) matches real calls; a call needing 64-bit sizes compiles its own variant
+    lazily. Failures are ignored here: the lazy path reports them (or skips a config
+    that does not fit) as before.
+    """
+    jobs: dict[tuple[str, LaunchConfig], tuple[TritonLauncher, LaunchConfig, torch.device]] = {}
+    for launcher, device in work:
+        if device.type == "cuda":
+            for candidate in launcher.kernel.configs:
+                jobs.setdefault((launcher.digest, candidate), (launcher, candidate, device))
+    if not jobs:
+        return
+    entries = list(jobs.values())
+    described = [
+        CompileJob(
+            path=launcher.path,
+            function=launcher.kernel.function_name,
+            dtypes=tuple(str(d).removeprefix("torch.") for d in launcher.kernel.buffer_dtypes),
+            ints=len(launcher.kernel.size_arguments) + len(launcher.kernel.bounds_arguments),
+            blocks=candidate.blocks,
+            num_warps=candidate.num_warps,
+            num_stages=candidate.num_stages,
+            device=device.index or 0,
+        )
+        for launcher, candidate, device in entries
+    ]
+    start = time.perf_counter()
+    remote = compile_pool.compile_all(described, lambda i: _warm(*entries[i]), threads=8)
+    middle = time.perf_counter()
+    if remote:  # load what the workers compiled (from Triton's disk cache)
+        with ThreadPoolExecutor(max_workers=min(16, len(remote))) as pool:
+            for future in [pool.submit(_warm, *entries[i]) for i in remote]:
+                future.exception()
+    precompile_seconds["compile"] += middle - start
+    precompile_seconds["load"] += time.perf_counter() - middle
+
+
+def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
+    """Compile (or load from Triton's cache) one config; errors are left to the lazy
+    path, which reports them or skips a config that does not fit."""
+    with contextlib.suppress(Exception):
+        _warm_up(launcher, launch_config, device)
+
+
+def _warm_up(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
+    kernel = launcher.kernel
+    compile_pool.warm_up(
+        launcher.fn,
+        kernel.buffer_dtypes,
+        len(kernel.size_arguments) + len(kernel.bounds_arguments),
+        launch_config.blocks,
+        launch_config.num_warps,
+        launch_config.num_stages,
+        device.index or 0,
+    )
+
+
+def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
+    digest = hashlib.sha256(source.encode()).hexdigest()[:32]
+    module = _modules.get(digest)
+    if module is not None:
+        return module
+    module = load_module(write_source(cache_dir / "triton", source, prefix="k"), {})
+    if interpreting() and hasattr(module, "libdevice"):
+        module.libdevice = InterpreterLibdevice()  # type: ignore[attr-defined]  # generated module
+    _modules[digest] = module
+    return module
+
+
+def storage_view(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s whole storage as a flat tensor starting at the storage's start."""
+    if tensor.storage_offset() == 0 and not interpreting():
+        return tensor  # the same data_ptr; Triton reads nothing else
+    count = tensor.untyped_storage().nbytes() // tensor.element_size()
+    return tensor.as_strided((count,), (1,), 0)
+
+
+class TritonLauncher:
+    """Launches one rendered kernel: `launcher(*tensors, *sizes)`.
+
+    The first call for a set of sizes goes through Triton's jit (which compiles and
+    specialises) after choosing a config; it keeps the compiled kernel and its grid
+    so later calls with those sizes launch it directly: Triton's own launch path
+    rebinds and re-specialises every argument on every call, which costs more than
+    many small kernels take to run.
+    """
+
+    def __init__(self, kernel: TritonKernel, module: ModuleType) -> None:
+        self.kernel = kernel
+        self.fn = getattr(module, kernel.function_name)
+        self.digest = module.__name__
+        self.path = str(module.__file__)
+        self._buffers = len(kernel.buffer_arguments)
+        self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
+        self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
+        self._direct: dict[tuple[Any, ...], _DirectLaunch | None] = {}
+
+    def __call__(self, *args: Any) -> None:
+        direct = self._direct.get(args[self._buffers :])
+        if direct is not None and direct.launch(args[: self._buffers]):
+            return
+        self._call_through_jit(args)
+
+    def _call_through_jit(self, args: tuple[Any, ...]) -> None:
+        start = time.perf_counter()
+        kernel = self.kernel
+        if len(args) != self._buffers + len(kernel.size_arguments):
+            raise TypeError(
+                f"kernel {kernel.name} takes {self._buffers} tensors "
+                f"({', '.join(kernel.buffer_arguments)}) and {len(kernel.size_arguments)} "
+                f"sizes ({', '.join(kernel.size_arguments)}); got {len(args)} arguments"
+            )
+        tensors = args[: self._buffers]
+        sizes = [int(s) for s in args[self._buffers :]]
+        operands = self._operands(tensors, sizes)
+        key = (self.digest, tuple(sizes), tuple(t.dtype for t in tensors))
+        config = _chosen.get(key)
+        if config is None:
+            config = self._tune(tensors, sizes)
+            _chosen[key] = config
+        compiled = self._launch(config, operands, sizes)
+        size_key = args[self._buffers :]
+        if size_key not in self._direct:
+            self._direct[size_key] = _DirectLaunch.make(self, compiled, config, operands, sizes)
+            first_launch_seconds[0] += time.perf_counter() - start
+
+    def _operands(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> list[Any]:
+        operands: list[Any] = [storage_view(t) for t in tensors]
+        operands += sizes
+        operands += [
+            tensors[i].untyped_storage().nbytes() // tensors[i].element_size() for i in self._bounds
+        ]
+        return operands
+
+    def grid(self, config: LaunchConfig, sizes: list[int]) -> tuple[int, int, int]:
+        return self.kernel.launch_grid(
+            config, dict(zip(self.kernel.size_arguments, sizes, strict=True))
+        )
+
+    def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
+        return self.fn[self.grid(config, sizes)](
+            *operands,
+            **dict(config.blocks),
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+
+    def _tune(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> LaunchConfig:
+        configs = self.kernel.configs
+        if len(configs) == 1 or interpreting() or tensors[0].device.type != "cuda":
+            return configs[0]
+        tensors = list(tensors)
+        if not self.kernel.idempotent or _aliased(tensors):
+            for i in self._written:  # time on copies: the real outputs stay untouched
+                tensors[i] = storage_view(tensors[i]).clone()
+        operands = self._operands(tensors, sizes)
+        best, best_ms = configs[0], float("inf")
+        for candidate in configs:
+            try:
+                ms = _time(functools.partial(self._launch, candidate, operands, sizes))
+            except Exception:  # a config that does not compile (resources) is skipped
+                continue
+            if ms < best_ms:
+                best, best_ms = candidate, ms
+        return best
+
+
+class _DirectLaunch:
+    """A compiled kernel bound to one set of sizes: its grid and block arguments are
+    fixed, so a launch is the tensors plus one call into Triton's C launcher.
+
+    It applies only where Triton's jit would pick the same binary: every pointer
+    16-byte aligned (as when it was compiled), no launch hooks (profilers), no debug
+    bounds arguments. Otherwise `launch` returns False and the jit path runs.
+    """
+
+    __slots__ = ("blocks", "device", "function", "grid", "metadata", "run", "sizes")
+
+    def __init__(
+        self,
+        compiled: Any,
+        grid: tuple[int, int, int],
+        sizes: list[int],
+        blocks: list[int],
+        device: int,
+    ) -> None:
+        self.run = compiled.run
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+        self.grid = grid
+        self.sizes = sizes
+        self.blocks = blocks
+        self.device = device
+
+    @staticmethod
+    def make(
+        launcher: TritonLauncher,
+        compiled: Any,
+        config: LaunchConfig,
+        operands: list[Any],
+        sizes: list[int],
+    ) -> _DirectLaunch | None:
+        kernel = launcher.kernel
+        if (
+            interpreting()
+            or kernel.bounds_arguments
+            or compiled is None
+            or not hasattr(compiled, "packed_metadata")
+            or _hooks_active() is not False
+        ):
+            return None
+        tensors = operands[: launcher._buffers]
+        if not tensors or any(t.data_ptr() % 16 or t.device.type != "cuda" for t in tensors):
+            return None
+        blocks = [value for _, value in config.blocks]
+        grid = launcher.grid(config, sizes)
+        direct = _DirectLaunch(compiled, grid, sizes, blocks, tensors[0].device.index or 0)
+        try:  # a Triton whose launcher takes other arguments fails here, before launching
+            direct.run(
+                0, 1, 1, _stream(direct.device), direct.function, direct.metadata,
+                None, None, None, *operands, *blocks,
+            )  # fmt: skip
+        except TypeError:
+            return None
+        return direct
+
+    def launch(self, tensors: Sequence[torch.Tensor]) -> bool:
+        pointers = []
+        for t in tensors:
+            if t.storage_offset():
+                t = storage_view(t)
+            if t.data_ptr() % 16:
+                return False
+            pointers.append(t)
+        if _hooks_active():
+            return False
+        g0, g1, g2 = self.grid
+        self.run(
+            g0, g1, g2, _stream(self.device), self.function, self.metadata, None, None, None,
+            *pointers, *self.sizes, *self.blocks,
+        )  # fmt: skip
+        return True
+
+
+def _stream(device: int) -> int:
+    """The current CUDA stream's handle (the call Triton itself makes per launch)."""
+    return int(torch._C._cuda_getCurrentRawStream(device))
+
+
+def _hooks_active() -> bool | None:
+    """Whether a launch hook (a profiler's) is registered with Triton; None where this
+    Triton keeps its hooks somewhere unknown. Triton 3.6+ holds each hook as a
+    `HookChain`, never None: an empty chain calls nothing, so launching without it
+    is the same launch."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None:
+        return None
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def _aliased(tensors: Sequence[torch.Tensor]) -> bool:
+    pointers = [t.untyped_storage().data_ptr() for t in tensors]
+    return len(set(pointers)) != len(pointers)
+
+
+def _time(run: Callable[[], None], repeats: int = 10) -> float:
+    """Median milliseconds of `run` on the current stream (after a compile + warm-up)."""
+    run()
+    run()
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+    for s, e in zip(start, end, strict=True):
+        s.record()
+        run()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(float(s.elapsed_time(e)) for s, e in zip(start, end, strict=True))
+    return times[len(times) // 2]
+
+
+# -- libdevice under the interpreter ---------------------------------------------------
+
+
+def _special(name: str) -> Callable[..., torch.Tensor]:
+    return getattr(torch.special, name)  # type: ignore[no-any-return]  # torch.special functions
+
+
+_LIBDEVICE_AS_TORCH: dict[str, Callable[..., torch.Tensor]] = {
+    "trunc": torch.trunc, "rint": torch.round, "expm1": torch.expm1, "log10": torch.log10,
+    "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin,
+    "cos": torch.cos, "tan": torch.tan, "asin": torch.asin, "acos": torch.acos,
+    "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh, "tanh": torch.tanh,
+    "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh, "erf": torch.erf,
+    "erfc": torch.erfc, "erfinv": torch.erfinv, "lgamma": torch.lgamma,
+    "cyl_bessel_i0": torch.i0, "cyl_bessel_i1": _special("i1"), "normcdfinv": _special("ndtri"),
+    "erfcx": _special("erfcx"), "j0": _special("bessel_j0"), "j1": _special("bessel_j1"),
+    "y0": _special("bessel_y0"), "y1": _special("bessel_y1"), "fmod": torch.fmod,
+    "pow": torch.pow, "atan2": torch.atan2, "fmax": torch.fmax, "fmin": torch.fmin,
+    "copysign": torch.copysign, "hypot": torch.hypot, "nextafter": torch.nextafter,
+}  # fmt: skip
+
+
+class InterpreterLibdevice:
+    """Stands in for `libdevice` in kernel modules run by Triton's interpreter."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        try:
+            fn = _LIBDEVICE_AS_TORCH[name]
+        except KeyError:
+            raise AttributeError(f"libdevice.{name} has no interpreter stand-in") from None
+        return lambda *args: _apply(fn, args)
+
+
+def _apply(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> Any:
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    arrays = [np.asarray(a.handle.data) for a in args]
+    result = fn(*(torch.from_numpy(np.ascontiguousarray(x)) for x in arrays)).numpy()
+    first = args[0]
+    result = result.astype(arrays[0].dtype)
+    blocks = [list(a.type.shape) for a in args if a.type.is_block()]
+    if not blocks:
+        return tl.core.tensor(TensorHandle(result, first.dtype), first.dtype)
+    shape = list(np.broadcast_shapes(*(tuple(b) for b in blocks)))
+    result = np.broadcast_to(
+        result.reshape(result.shape[-len(shape) :] if result.ndim > len(shape) else result.shape),
+        shape,
+    ).copy()
+    return tl.core.tensor(TensorHandle(result, first.dtype), tl.block_type(first.dtype, shape))

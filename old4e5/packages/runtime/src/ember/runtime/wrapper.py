@@ -1,0 +1,214 @@
+"""Generate the Python wrapper module that runs a Schedule.
+
+The wrapper is plain Python source, written to a file so tracebacks point at real
+lines. Its `call(args)` takes the inputs as a list (AOTAutograd's boxed convention),
+clears the list so the wrapper owns the inputs, binds the size symbols from the
+inputs, runs each step, and drops every value right after its last use as the memory
+plan says. Operators and values that have no source form (constants, opaque objects)
+are injected into the module's globals by the loader.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from ember.ir import BufferRef, ExternKernel, InputBuffer, Layout, SizeInput, ensure_layout
+from ember.runtime.pyexpr import pyexpr, symbol_name
+from ember.scheduler import (
+    Allocation,
+    ExternCall,
+    FusedKernel,
+    KernelStep,
+    Schedule,
+    SelectOutput,
+)
+
+
+@dataclass
+class WrapperSource:
+    """The wrapper's source text and the objects its globals must hold."""
+
+    source: str
+    injected: dict[str, Any] = field(default_factory=dict)
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.injected: dict[str, Any] = {}
+        self._ids: dict[int, str] = {}
+
+    def inject(self, prefix: str, obj: Any) -> str:
+        key = id(obj)
+        if key not in self._ids:
+            name = f"{prefix}{len(self.injected)}"
+            self._ids[key] = name
+            self.injected[name] = obj
+        return self._ids[key]
+
+    def op(self, op: torch._ops.OpOverload) -> str:
+        packet = op.overloadpacket.__name__
+        raw = f"{op.namespace}_{packet}_{op._overloadname}"
+        name = "".join(c if c.isalnum() else "_" for c in raw)
+        existing = self.injected.get(name)
+        if existing is not None and existing is not op:
+            return self.inject("op", op)
+        self.injected[name] = op
+        return name
+
+    def arg(self, value: Any) -> str:
+        if isinstance(value, BufferRef):
+            return value.name
+        if isinstance(value, sympy.Basic):
+            return pyexpr(value)
+        if value is None or isinstance(value, (bool, int, str)):
+            return repr(value)
+        if isinstance(value, float):
+            return repr(value) if math.isfinite(value) else f"float('{value}')"
+        if isinstance(value, (tuple, list)):
+            inner = ", ".join(self.arg(v) for v in value)
+            return f"[{inner}]"
+        if isinstance(value, dict):
+            inner = ", ".join(f"{k!r}: {self.arg(v)}" for k, v in value.items())
+            return "{" + inner + "}"
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            return str(value)
+        if isinstance(value, torch.device):  # one module global per device, not one per call
+            name = "device_" + "".join(c if c.isalnum() else "_" for c in str(value))
+            self.injected[name] = value
+            return name
+        return self.inject("obj", value)
+
+
+def generate_wrapper(
+    schedule: Schedule, launchers: Mapping[str, Callable[..., None]] | None = None
+) -> WrapperSource:
+    """The wrapper module's source for `schedule`.
+
+    `launchers` maps each fused kernel's name to its compiled launcher, called with
+    the kernel's buffer arguments then its size arguments (FusedKernel's contract).
+    """
+    program = schedule.program
+    w = _Writer()
+    for const in program.constants:
+        w.injected[const.name] = const.value
+    for kernel in schedule.kernels:
+        if launchers is None or kernel.name not in launchers:
+            raise KeyError(f"no compiled launcher for fused kernel {kernel.name!r}")
+        w.injected[kernel.name] = launchers[kernel.name]
+    body: list[str] = []
+    names = [node.name for node in program.inputs]
+    if names:
+        body.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
+    body.append("args.clear()")
+    body += _bind_symbols(schedule)
+    if schedule.memory.frees_at_entry:
+        body.append(f"del {', '.join(schedule.memory.frees_at_entry)}")
+    if program.rng_seed is not None:
+        body.append(_seed_line(w, schedule))
+    for index, (step, frees) in enumerate(
+        zip(schedule.steps, schedule.memory.frees_after, strict=True)
+    ):
+        body += [_allocation_line(w, a) for a in schedule.memory.allocations[index]]
+        if isinstance(step, KernelStep):
+            body += _kernel_lines(w, step.kernel)
+        elif isinstance(step, ExternCall):
+            body.append(_extern_line(w, step.node))
+            node = step.node
+            if not node.multi and not node.is_view and not node.writes_arguments:
+                body += _layout_check(w, step.node.name, step.node.outputs[0])
+        elif isinstance(step, SelectOutput):
+            body.append(f"{step.node.name} = {step.node.source}[{step.node.index}]")
+            body += _layout_check(w, step.node.name, step.node.layout)
+        if frees:
+            body.append(f"del {', '.join(frees)}")
+    outputs = [w.arg(o) for o in program.outputs]
+    body.append(f"return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
+
+    header = [
+        f"# Wrapper generated by ember for graph {program.name!r}.",
+        f"# {schedule.kernel_count} kernel launches, {len(schedule.steps)} steps.",
+        "import torch",
+        "",
+        "",
+        "def call(args):",
+    ]
+    return WrapperSource("\n".join(header + ["    " + line for line in body]) + "\n", w.injected)
+
+
+def _bind_symbols(schedule: Schedule) -> list[str]:
+    """Lines binding each size symbol once, from the first input that carries it."""
+    lines: list[str] = []
+    bound: set[sympy.Symbol] = set()
+    for node in schedule.program.inputs:
+        if isinstance(node, SizeInput) and isinstance(node.expr, sympy.Symbol):
+            if node.expr not in bound:
+                bound.add(node.expr)
+                lines.append(f"{symbol_name(node.expr)} = {node.name}")
+        elif isinstance(node, InputBuffer):
+            for method, exprs in (("size", node.layout.size), ("stride", node.layout.stride)):
+                for dim, expr in enumerate(exprs):
+                    if isinstance(expr, sympy.Symbol) and expr not in bound:
+                        bound.add(expr)
+                        lines.append(f"{symbol_name(expr)} = {node.name}.{method}({dim})")
+    return lines
+
+
+def _allocation_line(w: _Writer, allocation: Allocation) -> str:
+    if allocation.reuse is not None:
+        how = "written in place" if allocation.inplace else "reused"
+        return f"{allocation.name} = {allocation.reuse}  # storage {how}"
+    layout = allocation.layout
+    size = w.arg(tuple(layout.size))
+    stride = w.arg(tuple(layout.stride))
+    return (
+        f"{allocation.name} = torch.empty_strided({size}, {stride}, "
+        f"dtype={w.arg(layout.dtype)}, device={w.arg(layout.device)})"
+    )
+
+
+def _kernel_lines(w: _Writer, kernel: FusedKernel) -> list[str]:
+    lines = [f"{m.name} = {m.mutates}" for m in kernel.members if m.mutates is not None]
+    args = [*kernel.buffer_arguments(), *(pyexpr(s) for s in kernel.size_arguments())]
+    lines.append(f"{kernel.name}({', '.join(args)})")
+    return lines
+
+
+def _seed_line(w: _Writer, schedule: Schedule) -> str:
+    """The seed of the program's random ops, drawn from torch's generator per call
+    (so torch.manual_seed makes compiled runs repeatable), on the kernels' device."""
+    seed = schedule.program.rng_seed
+    readers = [k for k in schedule.kernels if seed in k.inputs]
+    device = readers[0].device if readers else torch.device("cpu")
+    return f"{seed} = torch.randint(0, 2**62, (), dtype=torch.int64, device={w.arg(device)})"
+
+
+def _layout_check(w: _Writer, name: str, layout: Layout | None) -> list[str]:
+    """Make an ATen result have the strides the IR planned for it.
+
+    The IR reads extern results through the layout their FX metadata promised; an
+    ATen kernel may pick other strides at run time (SDPA's backends differ, say), and
+    reading through the wrong strides would be a silent wrong answer. A result with the
+    promised strides costs one tuple comparison; any other is copied into them.
+    """
+    if layout is None:
+        return []
+    w.injected["ensure_layout"] = ensure_layout
+    size, stride = w.arg(tuple(layout.size)), w.arg(tuple(layout.stride))
+    return [f"{name} = ensure_layout({name}, {size}, {stride})"]
+
+
+def _extern_line(w: _Writer, node: ExternKernel) -> str:
+    args = [w.arg(a) for a in node.args]
+    args += [f"{k}={w.arg(v)}" for k, v in node.kwargs]
+    target = node.name if node.symbol is None else f"{node.name} = {symbol_name(node.symbol)}"
+    if node.op is torch.ops.aten.as_strided.default and not node.kwargs:
+        # The tensor method skips the operator dispatch wrapper: a third of the cost, and
+        # the IR passes every strided argument of an extern through one of these.
+        return f"{target} = {args[0]}.as_strided({', '.join(args[1:])})"
+    return f"{target} = {w.op(node.op)}({', '.join(args)})"

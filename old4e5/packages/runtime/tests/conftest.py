@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import ember.runtime  # noqa: F401  # registers backend="ember"
+from ember.runtime import config
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path) -> Iterator[None]:
+    """Fresh Dynamo state and a private cache dir for each test."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with config.scope(cache_dir=tmp_path / "cache"):
+        yield
+    torch._dynamo.reset()

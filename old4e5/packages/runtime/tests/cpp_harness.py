@@ -1,0 +1,128 @@
+"""Running a schedule's fused kernels through the compiled C++ (test helper).
+
+The lead's wrapper does this for real; here a small driver walks the schedule's kernel
+steps, allocates each stored buffer as the layout says (storage offset included),
+and calls the compiled kernels, so results can be compared with the IR interpreter
+(`ember.ir.run_program`) and with eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.graphpasses import ember_decompositions
+from ember.ir import (
+    BufferRef,
+    Layout,
+    LoweringOptions,
+    Program,
+    bind_symbols,
+    call_extern,
+    evaluate,
+    lower_graph,
+)
+from ember.scheduler import (
+    DEFAULT_CHOICES,
+    DeviceChoices,
+    ExternCall,
+    FusedKernel,
+    KernelStep,
+    Schedule,
+    schedule_program,
+)
+
+
+@dataclasses.dataclass
+class Case:
+    """A traced function, its IR program, schedule and kernels renamed `<case>_<kernel>`."""
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    program: Program
+    schedule: Schedule
+    kernels: list[FusedKernel]
+
+
+def trace(
+    name: str,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    symbolic: bool = False,
+    choices: DeviceChoices = DEFAULT_CHOICES,
+) -> Case:
+    mode = "symbolic" if symbolic else "real"
+    gm = make_fx(fn, decomposition_table=ember_decompositions(), tracing_mode=mode)(*args)
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    schedule = schedule_program(program, choices)
+    renamed = [dataclasses.replace(k, name=f"{name}_{k.name}") for k in schedule.kernels]
+    return Case(name, fn, tuple(args), program, schedule, renamed)
+
+
+def exact_evaluate(expr: Any, bindings: Any) -> int | float | bool:
+    """ember.ir.symbolic.evaluate with sympy Integer bindings: the IR's version fails
+    on a bare symbol bound to a Python int (`xreplace` returns the int), which every
+    symbolic program hits in `run_program`; tests patch this in until the IR fixes it."""
+    exact = {k: sympy.Integer(v) for k, v in bindings.items()}
+    return evaluate(sympy.sympify(expr), exact)
+
+
+def _allocate(layout: Layout, bindings: dict[sympy.Symbol, int]) -> torch.Tensor:
+    def value(expr: Any) -> int:
+        return int(exact_evaluate(expr, bindings))
+
+    size = [value(s) for s in layout.size]
+    stride = [value(s) for s in layout.stride]
+    offset = value(layout.offset)
+    extent = value(layout.storage_extent())
+    storage = torch.full((max(extent, 1),), 7, dtype=layout.dtype)  # garbage, never read
+    return storage.as_strided(size, stride, offset)
+
+
+def run_compiled(
+    case: Case, compiled: dict[str, Callable[..., None]], args: Sequence[Any], seed: int = 0
+) -> list[Any]:
+    """Execute the case's schedule with compiled kernels (no extern calls expected)."""
+    program = case.schedule.program  # with the partial buffers of split reductions
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    env: dict[str, Any] = {n.name: a for n, a in zip(program.inputs, args, strict=True)}
+    env.update({c.name: c.value for c in program.constants})
+    bindings = bind_symbols(program, args)
+    if program.rng_seed is not None:
+        env[program.rng_seed] = torch.tensor(seed, dtype=torch.int64)
+    for step, kernel in zip(
+        [s for s in case.schedule.steps if isinstance(s, KernelStep)], case.kernels, strict=True
+    ):
+        assert step.kernel.name == kernel.name.removeprefix(case.name + "_")
+        for member in kernel.members:
+            if member.mutates is not None:
+                env[member.name] = env[member.mutates]
+            elif member.stored:
+                env[member.name] = _allocate(member.layout, bindings)
+        tensors = [env[name] for name in kernel.buffer_arguments()]
+        sizes = [bindings[s] for s in kernel.size_arguments()]
+        compiled[kernel.name](*tensors, *sizes)
+    for step in case.schedule.steps:
+        if isinstance(step, ExternCall):
+            # Only views may appear (outputs that reshape a kernel's result): no kernel
+            # reads them, so they can run after the kernels.
+            assert step.node.is_view, f"extern {step.node.op} in a test case"
+            env[step.node.name] = call_extern(step.node, env, dict(bindings))
+
+    def value(tree: Any) -> Any:
+        if isinstance(tree, BufferRef):
+            return env[tree.name]
+        if isinstance(tree, sympy.Basic):
+            return exact_evaluate(tree, bindings)
+        if isinstance(tree, (tuple, list)):
+            return [value(t) for t in tree]
+        return tree
+
+    return [value(out) for out in program.outputs]

@@ -1,0 +1,293 @@
+"""The torch.compile backend: registration, inference, training, dynamic shapes,
+input mutation, fallbacks and the debug dump."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from ember.runtime import EmberCompileError, compile_records, config
+from ember.runtime.models import MLP, TransformerBlock
+
+
+def last_records(start: int) -> list[object]:
+    return list(compile_records[start:])
+
+
+def test_entry_point_names_the_backend() -> None:
+    try:
+        importlib.metadata.distribution("ember-runtime")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("ember-runtime is only on PYTHONPATH here (GPU machine), not installed")
+    eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    ember = [ep for ep in eps if ep.name == "ember"]
+    assert ember and ember[0].value == "ember.runtime.backend:ember_backend"
+
+
+def test_backend_is_listed_by_dynamo() -> None:
+    assert "ember" in torch._dynamo.list_backends()
+
+
+def test_inference_matches_eager_and_uses_ember() -> None:
+    model = TransformerBlock(32, 4, 64).eval()
+    x = torch.randn(2, 8, 32)
+    start = len(compile_records)
+    with torch.no_grad():
+        out = torch.compile(model, backend="ember")(x)
+        torch.testing.assert_close(out, model(x))
+    (record,) = compile_records[start:]
+    assert record.graph.startswith("inference")
+    assert record.ran_eagerly is None
+    assert record.kernels > 5
+    source = record.wrapper_path.read_text()
+    assert ("def call(args):" in source and "aten_mm_default" in source) or "aten_addmm" in source
+
+
+def test_training_compiles_forward_and_backward() -> None:
+    model = MLP(16, 32, 4)
+    twin = MLP(16, 32, 4)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(8, 16)
+    start = len(compile_records)
+    torch.compile(twin, backend="ember")(x).sum().backward()
+    model(x).sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
+    kinds = sorted(r.graph.split("_")[0] for r in compile_records[start:])
+    assert kinds == ["backward", "forward"]
+
+
+class NormGelu(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(32)
+        self.fc = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.nn.functional.gelu(self.norm(x) * 2 + 1))
+
+
+def test_min_cut_partitioner_saves_fewer_activations_and_matches_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The min-cut split (default) recomputes the pointwise chain between the layer norm
+    and the GELU in the backward; saving everything keeps its intermediate values."""
+    from ember.runtime import backend
+
+    saved: dict[str, list[str]] = {}
+    real = backend.compile_graph
+    partitioner = ""
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: Any, name: str) -> Any:
+        if name == "forward":
+            (result,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+            # after the model's output: the values saved for the backward, less the
+            # primals (parameters and inputs), which are kept alive anyway
+            saved[partitioner] = [str(v) for v in result[1:] if "primals" not in str(v)]
+        return real(gm, example_inputs, name=name)
+
+    monkeypatch.setattr(backend, "compile_graph", recording)
+    for partitioner in ("mincut", "save-all"):
+        torch.manual_seed(0)
+        model, twin = NormGelu(), NormGelu()
+        twin.load_state_dict(model.state_dict())
+        x = torch.randn(4, 8, 32)
+        torch._dynamo.reset()
+        with config.scope(partitioner=partitioner):
+            torch.compile(twin, backend="ember")(x).square().sum().backward()
+        model(x).square().sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    assert len(saved["mincut"]) < len(saved["save-all"]), saved
+
+
+def test_dynamic_shapes_compile_once_for_all_batch_sizes() -> None:
+    model = MLP(16, 32, 4).eval()
+    compiled = torch.compile(model, backend="ember", dynamic=True)
+    start = len(compile_records)
+    with torch.no_grad():
+        for batch in (3, 5, 11):  # size 1 is specialised by Dynamo itself
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    records = compile_records[start:]
+    assert len(records) == 1, [r.graph for r in records]
+    source = records[0].wrapper_path.read_text()
+    assert "sym_" in source  # the batch size is a symbol bound at run time
+
+
+def test_input_mutation_is_written_back() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        y[1:].add_(x[1:])
+        return x + y
+
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    ea, eb = a.clone(), b.clone()
+    expected = f(ea, eb)
+    actual = torch.compile(f, backend="ember")(a, b)
+    torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(a, ea)
+    torch.testing.assert_close(b, eb)
+
+
+def test_size_outputs_and_views_of_inputs() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x.t(), x.shape[0] * 2
+
+    x = torch.randn(5, 3)
+    out, n = torch.compile(f, backend="ember", dynamic=True)(x)
+    assert n == 10
+    assert out.data_ptr() == x.data_ptr()  # a view stays a view
+
+
+def _break_lowering(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ember.runtime.compiler as compiler
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("planted lowering failure")
+
+    monkeypatch.setattr(compiler, "lower_graph", broken)
+
+
+def test_compile_failure_falls_back_to_eager_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _break_lowering(monkeypatch)
+    model = MLP(8, 16, 2).eval()
+    x = torch.randn(3, 8)
+    start = len(compile_records)
+    with caplog.at_level(logging.WARNING, logger="ember"), torch.no_grad():
+        logging.getLogger("ember").propagate = True
+        torch.testing.assert_close(torch.compile(model, backend="ember")(x), model(x))
+    (record,) = compile_records[start:]
+    assert record.ran_eagerly is not None and "planted lowering failure" in record.ran_eagerly
+    assert "lowering" in record.ran_eagerly
+
+
+def test_strict_mode_raises_naming_graph_and_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    _break_lowering(monkeypatch)
+    with config.scope(strict=True), pytest.raises(Exception) as info:
+        torch.compile(MLP(8, 16, 2), backend="ember")(torch.randn(3, 8))
+    error = info.value
+    while error is not None and not isinstance(error, EmberCompileError):
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    assert isinstance(error, EmberCompileError)
+    assert error.stage == "lowering" and "planted lowering failure" in str(error)
+
+
+def test_ops_with_effect_tokens_compile_and_still_check_errors() -> None:
+    # linalg ops' error checks reach ember wrapped in with_effects (an effect token);
+    # the lowering rejected the graph, so strict mode failed and otherwise it ran eagerly.
+    torch._dynamo.reset()
+    start = len(compile_records)
+    with config.scope(strict=True):
+        inv = torch.compile(torch.linalg.inv, backend="ember")
+        a = torch.randn(4, 4) + 4 * torch.eye(4)
+        torch.testing.assert_close(inv(a), torch.linalg.inv(a))
+        with pytest.raises(RuntimeError, match="could not be completed"):
+            inv(torch.zeros(4, 4))
+    assert compile_records[start:] and all(r.ran_eagerly is None for r in compile_records[start:])
+
+
+def test_fallback_disabled_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    with config.scope(fallback=False, strict=True), pytest.raises(Exception) as info:
+        torch.compile(lambda x: torch.cummax(x, 0).values * 3, backend="ember")(torch.randn(4))
+    assert "aten.cummax" in str(info.value) and "EMBER_FALLBACK" in str(info.value)
+
+
+def test_debug_dir_holds_every_stage(tmp_path: Path) -> None:
+    with config.scope(debug_dir=tmp_path / "debug"), torch.no_grad():
+        torch.compile(MLP(8, 16, 2).eval(), backend="ember")(torch.randn(3, 8))
+    (graph_dir,) = (tmp_path / "debug").iterdir()
+    names = {p.name for p in graph_dir.iterdir()}
+    assert {"ir.txt", "schedule.txt", "wrapper.py", "passes", "kernels.cpp"} <= names
+    assert "extern aten.addmm" in (graph_dir / "ir.txt").read_text()
+    source = (graph_dir / "kernels.cpp").read_text()
+    assert source.startswith("// Generated by ember.codegen.cpp")
+    assert 'extern "C" void k' in source
+
+
+class ConvBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv1(x)))
+        return self.conv2(y) + y
+
+
+def test_channels_last_values_are_stored_channels_last() -> None:
+    """Eager carries a channels-last input through convolution, batch norm and ReLU;
+    ember's buffers between the convolutions keep that layout instead of turning it
+    into NCHW (and the convolutions back), and the output has eager's strides."""
+    model = ConvBlock().eval()
+    x = torch.randn(2, 3, 12, 12).to(memory_format=torch.channels_last)
+    start = len(compile_records)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model(x)
+        actual = torch.compile(model, backend="ember")(x)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    assert actual.stride() == expected.stride() == (2304, 1, 192, 16)
+    (record,) = compile_records[start:]
+    assert record.wrapper_path is not None
+    source = record.wrapper_path.read_text()
+    # every [2, 16, 12, 12] buffer (the one between the convolutions, the output) is
+    # channels-last, like the values in eager; none is NCHW
+    assert "empty_strided([2, 16, 12, 12], [2304, 1, 192, 16]" in source
+    assert "[2304, 144, 12, 1]" not in source
+
+
+class PoolBlock(torch.nn.Module):
+    """A convolution on an explicitly channels-last copy of its input, then pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x.contiguous(memory_format=torch.channels_last))
+        return self.conv2(torch.nn.functional.max_pool2d(torch.relu(y), 3, 2, 1))
+
+
+def test_channels_last_copies_and_pooling_keep_the_layout() -> None:
+    """A channels-last copy of an NCHW input is made (not passed to the convolution as
+    the NCHW buffer it reads, which the convolution would then turn into NCHW
+    output), and max pooling of a channels-last value is stored channels-last, as in
+    eager: no NCHW buffer of either shape, and eager's numbers and output strides."""
+    model = PoolBlock().eval()
+    x = torch.randn(2, 3, 12, 12)
+    start = len(compile_records)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = model(x)
+        actual = torch.compile(model, backend="ember")(x)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    assert actual.stride() == expected.stride()
+    (record,) = compile_records[start:]
+    assert record.wrapper_path is not None
+    source = record.wrapper_path.read_text()
+    assert "empty_strided([2, 3, 12, 12], [432, 1, 36, 3]" in source  # the copy
+    assert "empty_strided([2, 16, 6, 6], [576, 1, 96, 16]" in source  # the pooled value
+    assert "[576, 36, 6, 1]" not in source and "[432, 144, 12, 1], 0)" not in source
+
+
+def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:
+    from torch._functorch import partitioners
+
+    from ember.runtime.backend import partition_fn
+
+    with config.scope(partitioner="auto"):
+        assert partition_fn("cuda") is partitioners.min_cut_rematerialization_partition
+        assert partition_fn("cpu") is partitioners.default_partition
+    with config.scope(partitioner="mincut"):
+        assert partition_fn("cpu") is partitioners.min_cut_rematerialization_partition

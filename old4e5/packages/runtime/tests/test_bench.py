@@ -1,0 +1,109 @@
+"""`ember bench` in the runtime package alone: the registry, skipping models whose
+library is missing, and `python -m ember.runtime.cli`. The end-to-end run with its chart
+needs matplotlib and is in tests/bench/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember.runtime.bench import MODELS, BenchOptions, run_bench
+from ember.runtime.bench.registry import ModelSpec, loss_input, models_for
+
+REQUIRED_FIELDS = {
+    "model", "mode", "device", "dtype", "backend", "compile_cold_s", "compile_warm_s", "ms",
+    "speedup_vs_eager", "peak_mem_bytes", "max_abs_err", "kernels", "error",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [s.name for s in models_for("cpu") if s.requires is None])
+def test_builtin_blocks_build_and_run_at_cpu_size(name: str) -> None:
+    model, inputs = MODELS[name].build("cpu")
+    out = loss_input(model(*inputs))
+    assert out.isfinite().all() and out.numel() > 0
+
+
+def test_the_sets_hold_blocks_and_real_models() -> None:
+    cpu, gpu = models_for("cpu"), models_for("cuda")
+    assert {"mlp", "attention", "cnn_block", "resnet18", "bert"} <= {s.name for s in cpu}
+    assert {"resnet50", "vit_base", "gpt2", "llama"} <= {s.name for s in gpu}
+    assert {s.requires for s in gpu} >= {"torchvision", "timm", "transformers"}
+
+
+def test_a_model_whose_library_is_missing_is_skipped_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ghost = ModelSpec("ghost", MODELS["mlp"].build, frozenset(), "no_such_library_xyz")
+    monkeypatch.setitem(MODELS, "ghost", ghost)
+    records = run_bench(BenchOptions(["ghost"], ["inference"], ["eager", "ember"]))
+    assert [r.error for r in records] == ["skipped: needs no_such_library_xyz"] * 2
+    assert "skipping ghost: needs no_such_library_xyz" in capsys.readouterr().err
+
+
+def test_cli_runs_as_a_module_without_the_console_script() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ember.runtime.cli", "bench", "--list"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "resnet50" in done.stdout and "needs torchvision" in done.stdout
+    assert torch.__version__  # the same interpreter runs the module
+
+
+def test_the_time_limit_ends_the_run_and_records_what_was_not_run() -> None:
+    options = BenchOptions(["mlp"], ["inference", "train"], ["eager", "ember"], time_limit_s=0)
+    records = run_bench(options)
+    assert len(records) == 4
+    assert all(r.error == "not run: --time-limit reached" and r.ms is None for r in records)
+
+
+def test_a_prefetched_measurement_waits_for_its_turn_and_can_be_called_off(
+    tmp_path: Path,
+) -> None:
+    """The harness starts the next process early; it must not measure (nor write its
+    record) before 'go', and on 'stop' it exits cleanly without a record."""
+    from ember.runtime.bench.harness import BenchRecord, _finish, _Job, _release, _start
+
+    options = BenchOptions(["mlp"], ["inference"], ["eager"], prefetch=True)
+    jobs = []
+    for name in ("stopped", "measured"):
+        record = BenchRecord("mlp", "inference", "cpu", "float32", "eager")
+        job = _Job(record, MODELS["mlp"], "cold", tmp_path / name / "cold.json")
+        _start(job, options)
+        jobs.append(job)
+    stopped, measured = jobs
+    assert measured.process is not None and measured.process.poll() is None  # waiting
+    assert not measured.out.exists()
+    _release(stopped, go=False)
+    assert _finish(stopped, 120) == {"error": "cold: exit 0"} and not stopped.out.exists()
+    _release(measured, go=True)
+    result = _finish(measured, 120)
+    assert result["ms"] > 0 and measured.out.exists()
+
+
+def test_a_timed_out_measurement_is_killed_with_its_children(tmp_path: Path) -> None:
+    """A child that inherited the measurement's stderr (a compile worker) must not keep
+    the harness waiting once the measurement times out."""
+    import time
+
+    from ember.runtime.bench.harness import BenchRecord, _finish, _Job
+
+    script = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "time.sleep(60)"
+    )
+    record = BenchRecord("mlp", "inference", "cpu", "float32", "eager")
+    job = _Job(record, MODELS["mlp"], "cold", tmp_path / "cold.json")
+    job.process = subprocess.Popen(
+        [sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    start = time.perf_counter()
+    assert _finish(job, 2) == {"error": "cold measurement timed out after 2 s"}
+    assert time.perf_counter() - start < 20

@@ -1,0 +1,389 @@
+"""Triton kernels end to end: every kernel type, run and compared with the IR
+interpreter (`ember.ir.run_program`) and with eager.
+
+On the CPU the kernels run in Triton's interpreter. `TRITON_INTERPRET=1` must be set
+before kernels are defined and must not leak into other tests, so the CPU cases run
+in one subprocess per module (`python test_triton_kernels.py case ...`), which prints
+one JSON line per case; each test asserts on its case's line. The `cuda` tests run the
+same cases in-process on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sympy
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.graphpasses import ember_decompositions
+from ember.ir import LoweringOptions, Program, lower_graph, run_program
+from ember.ir.interpreter import bind_symbols
+from ember.ir.nodes import BufferRef
+from ember.ir.symbolic import evaluate
+from ember.scheduler import (
+    DEFAULT_CHOICES,
+    DeviceChoices,
+    ExternCall,
+    KernelStep,
+    Schedule,
+    SelectOutput,
+    schedule_program,
+)
+
+Case = tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str, Any]]
+
+
+def _args(
+    *shapes: tuple[int, ...], dtype: torch.dtype = torch.float32
+) -> Callable[[str], list[Any]]:
+    def make(device: str) -> list[Any]:
+        g = torch.Generator().manual_seed(0)
+        return [
+            torch.randn(s, generator=g, dtype=torch.float32).to(dtype).to(device) for s in shapes
+        ]
+
+    return make
+
+
+def _softmax_mix(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+    y = torch.softmax(x, -1)
+    return ((x + y) * w + b).relu(), y.sum(0)
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    var, mean = torch.var_mean(x, -1, correction=0, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + 1e-5) * w + b
+
+
+def _embedding(device: str) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(10, 24, generator=g)
+    return [table.to(device), torch.tensor([3, 0, 9, 3, 7]).to(device)]
+
+
+def _gather(device: str) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(10, 6, generator=g)
+    return [table.to(device), torch.tensor([[3, -1, 9], [0, -10, 2]]).to(device)]
+
+
+def _index_add(device: str) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    x, v = torch.randn(10, 8, generator=g), torch.randn(4, 8, generator=g)
+    return [x.to(device), torch.tensor([1, 7, 1, 0]).to(device), v.to(device)]
+
+
+def _nan_rows(device: str) -> list[Any]:
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
+    x[1, 5] = float("nan")
+    x[2, 7] = x[2, 30] = x[2].max() + 1  # a tie: the first index wins
+    return [x.to(device)]
+
+
+def _softmax_edges(device: str) -> list[Any]:
+    """Columns for a looped log_softmax over dim 0: ordinary, with -inf entries, one
+    NaN, all -inf (eager's result is NaN), and a max that keeps growing down the rows
+    (the online sum is rescaled at every step)."""
+    x = torch.randn(300, 6, generator=torch.Generator().manual_seed(0))
+    x[::3, 1] = float("-inf")
+    x[17, 2] = float("nan")
+    x[:, 3] = float("-inf")
+    x[:, 4] = torch.linspace(-30.0, 30.0, 300)
+    return [x.to(device)]
+
+
+CASES: dict[str, Case] = {
+    "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
+    "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),
+    "transpose3d": (lambda x: x.permute(0, 2, 1).contiguous() + 1, _args((3, 20, 33)), {}),
+    "sum_rows": (lambda x: x.sum(-1), _args((9, 300)), {}),
+    "sum_cols": (lambda x: x.sum(0), _args((300, 9)), {}),
+    "max_argmax": (lambda x: (x.amax(-1), x.argmax(-1), x.argmin(-1)), _nan_rows, {}),
+    "welford": (_layer_norm, _args((6, 50), (50,), (50,)), {"atol": 1e-4}),
+    "softmax": (_softmax_mix, _args((3, 5, 33), (33,), (33,)), {"atol": 1e-5}),
+    "softmax_looped": (_softmax_mix, _args((3, 5, 33), (33,), (33,)), {"reduction": "looped"}),
+    "welford_looped": (
+        _layer_norm,
+        _args((6, 50), (50,), (50,)),
+        {"reduction": "looped", "atol": 1e-4},
+    ),
+    "argmax_looped": (lambda x: x.argmax(-1), _nan_rows, {"reduction": "looped"}),
+    # max and sum(exp(x - max)) in one online loop (ember.codegen.triton.reduction)
+    "log_softmax_online": (
+        lambda x: (torch.log_softmax(x * 2, 0), torch.softmax(x, 0)),
+        _softmax_edges,
+        {"reduction": "looped", "atol": 1e-5},
+    ),
+    "cat_pad": (
+        lambda x, y: torch.nn.functional.pad(torch.cat([x, y], 1), (1, 2)) * 3,
+        _args((4, 3), (4, 5)),
+        {},
+    ),
+    "embedding": (lambda t, i: torch.nn.functional.embedding(i, t) * 2, _embedding, {}),
+    "gather": (lambda t, i: t[i] + 1, _gather, {}),
+    "index_add": (lambda x, i, v: x.index_add(0, i, v), _index_add, {}),
+    "random": (
+        lambda x: torch.ops.aten.native_dropout(x, 0.5, True)[0] + torch.rand_like(x),
+        _args((7, 9)),
+        {"seed": 1234, "eager": False},
+    ),
+    "bf16": (
+        lambda x, w: (torch.softmax(x, -1) * w).to(torch.bfloat16),
+        _args((5, 40), (40,), dtype=torch.bfloat16),
+        {"atol": 1e-2, "rtol": 1e-2},
+    ),
+    "math": (
+        lambda x: (
+            torch.log1p(x.abs()) + torch.erf(x) + torch.floor(x * 3) % 2,
+            torch.sqrt(x.abs()),
+        ),
+        _args((33,)),
+        {"atol": 1e-5},
+    ),
+    # split reductions (small thresholds force them): a column sum with its prologue
+    # and epilogue, a row max and a full sum, each a partial and a final kernel
+    "split": (
+        lambda x: ((x * 2).sum(0).relu(), x.amax(-1), x.sum()),
+        _args((64, 48)),
+        {
+            "choices": DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8),
+            "atol": 1e-5,
+        },
+    ),
+    # the IR interpreter cannot bind bare size symbols yet (ember.ir.symbolic.evaluate
+    # returns a Python int from xreplace): dynamic cases compare with eager only
+    "dynamic": (
+        lambda x, w: torch.softmax(x * w, -1) + x.sum(0),
+        _args((6, 20), (20,)),
+        {"dynamic": True, "reference": False, "resize": _args((9, 13), (13,))},
+    ),
+}
+
+
+# -- running a schedule with Triton kernels --------------------------------------------
+
+
+def _lower(
+    fn: Callable[..., Any],
+    args: list[Any],
+    dynamic: bool,
+    choices: DeviceChoices = DEFAULT_CHOICES,
+) -> tuple[Program, Schedule]:
+    gm = make_fx(
+        fn,
+        decomposition_table=ember_decompositions(),
+        tracing_mode="symbolic" if dynamic else "real",
+    )(*args)
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    return program, schedule_program(program, choices)
+
+
+def run_with_triton(
+    program: Program,
+    schedule: Schedule,
+    args: list[Any],
+    *,
+    seed: int,
+    cache_dir: Path,
+    reduction: str | None = None,
+) -> tuple[list[Any], list[str]]:
+    """Execute `schedule` with ember's Triton kernels (extern calls as ATen ops)."""
+    from ember.codegen.triton import render_kernel
+    from ember.runtime.triton_kernels import compile_triton_kernels
+
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    env: dict[str, Any] = {n.name: a for n, a in zip(program.inputs, args, strict=True)}
+    env.update({c.name: c.value for c in program.constants})
+    bindings = {s: sympy.Integer(v) for s, v in bind_symbols(program, args).items()}
+    if program.rng_seed is not None:
+        env[program.rng_seed] = torch.tensor(seed, dtype=torch.int64, device=device)
+    rendered = [
+        render_kernel(k, reduction=reduction if k.is_reduction else None, debug=True)
+        for k in schedule.kernels
+    ]
+    launchers = compile_triton_kernels(rendered, cache_dir=cache_dir)
+
+    def value(tree: Any) -> Any:
+        if isinstance(tree, BufferRef):
+            return env[tree.name]
+        if isinstance(tree, sympy.Basic):
+            return evaluate(tree, bindings)  # type: ignore[arg-type]
+        if isinstance(tree, (tuple, list)):
+            return [value(t) for t in tree]
+        return tree
+
+    for step in schedule.steps:
+        if isinstance(step, ExternCall):
+            node = step.node
+            env[node.name] = node.op(*value(node.args), **{k: value(v) for k, v in node.kwargs})
+        elif isinstance(step, SelectOutput):
+            env[step.node.name] = env[step.node.source][step.node.index]
+        elif isinstance(step, KernelStep):
+            kernel = step.kernel
+            for m in kernel.members:
+                if m.mutates is not None:
+                    env[m.name] = env[m.mutates]
+                elif m.stored:
+                    layout = m.layout
+                    size = [int(evaluate(s, bindings)) for s in layout.size]
+                    stride = [int(evaluate(s, bindings)) for s in layout.stride]
+                    extent = int(evaluate(layout.storage_extent(), bindings))
+                    fill = float("nan") if layout.dtype.is_floating_point else -7
+                    storage = torch.full((max(extent, 1),), fill, device=device).to(layout.dtype)
+                    offset = int(evaluate(layout.offset, bindings))
+                    env[m.name] = storage.as_strided(size, stride, offset)
+            tensors = [env[b] for b in kernel.buffer_arguments()]
+            sizes = [int(bindings[s]) for s in kernel.size_arguments()]
+            launchers[kernel.name](*tensors, *sizes)
+    outputs = [value(o) for o in program.outputs]
+    return outputs, [r.kind for r in rendered]
+
+
+def _compare(actual: Any, expected: Any, atol: float, rtol: float) -> None:
+    if isinstance(expected, (list, tuple)):
+        for a, e in zip(actual, expected, strict=True):
+            _compare(a, e, atol, rtol)
+        return
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), atol=atol, rtol=rtol, equal_nan=True)
+
+
+def run_case(name: str, device: str) -> dict[str, Any]:
+    fn, make_args, options = CASES[name]
+    args = make_args(device)
+    atol, rtol = options.get("atol", 1e-6), options.get("rtol", 1e-5)
+    program, schedule = _lower(
+        fn,
+        [a.cpu() for a in args],
+        options.get("dynamic", False),
+        options.get("choices", DEFAULT_CHOICES),
+    )
+    seed = options.get("seed", 0)
+    runs = [args] + ([options["resize"](device)] if "resize" in options else [])
+    with tempfile.TemporaryDirectory() as cache:
+        for run_args in runs:  # a second size runs the same kernels (no new program)
+            actual, kinds = run_with_triton(
+                program,
+                schedule,
+                [a.clone() for a in run_args],
+                seed=seed,
+                cache_dir=Path(cache),
+                reduction=options.get("reduction"),
+            )
+            if options.get("reference", True):
+                reference = run_program(program, [a.cpu().clone() for a in run_args], seed=seed)
+                _compare(actual, reference, atol, rtol)
+            if options.get("eager", True):
+                expected = fn(*[a.clone() for a in run_args])
+                expected = list(expected) if isinstance(expected, tuple) else [expected]
+                _compare(actual, expected, max(atol, 1e-5), max(rtol, 1e-4))
+    partials = sum(1 for n in schedule.program.nodes if n.name.endswith("_partial"))
+    return {"case": name, "ok": True, "kinds": kinds, "partials": partials}
+
+
+# -- CPU: the interpreter, in a subprocess ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, dict[str, Any]]:
+    """Run every case in the interpreter: a few subprocesses, each with a share."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    names = list(CASES)
+    workers = max(1, min(4, os.cpu_count() or 1))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, __file__, *names[k::workers]],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(workers)
+    ]
+    results: dict[str, dict[str, Any]] = {}
+    errors = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=600)
+        errors.append(stderr[-4000:])
+        for line in stdout.splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                results[record["case"]] = record
+    if not results:
+        pytest.fail("the interpreter runs produced nothing:\n" + "\n".join(errors))
+    return results
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_in_interpreter(case: str, interpreter_results: dict[str, dict[str, Any]]) -> None:
+    record = interpreter_results.get(case)
+    assert record is not None, f"case {case} did not report"
+    assert record["ok"], record.get("error")
+
+
+def test_kernel_kinds_are_covered(interpreter_results: dict[str, dict[str, Any]]) -> None:
+    kinds = {k for r in interpreter_results.values() for k in r.get("kinds", [])}
+    expected = {"pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction", "scatter"}
+    assert expected <= kinds
+
+
+def test_split_case_splits(interpreter_results: dict[str, dict[str, Any]]) -> None:
+    assert interpreter_results["split"]["partials"] == 2  # the column sum and the full sum
+
+
+# -- launcher behaviour (no kernel runs) -------------------------------------------------
+
+
+def test_identical_sources_share_one_module(tmp_path: Path) -> None:
+    from ember.runtime.triton_kernels import compile_triton_kernels
+
+    x = torch.randn(8, 16)
+    _, first = _lower(lambda a: torch.softmax(a, -1), [x], False)
+    _, second = _lower(lambda a: torch.softmax(a, -1), [x], False)
+    launchers = compile_triton_kernels([*first.kernels, *second.kernels], cache_dir=tmp_path)
+    assert len(launchers) == 1  # same kernel name, same source
+    files = list((tmp_path / "triton").glob("*.py"))
+    assert len(files) == 1
+
+
+def test_launcher_checks_its_arguments(tmp_path: Path) -> None:
+    from ember.runtime.triton_kernels import compile_triton_kernels
+
+    _, schedule = _lower(lambda a: a * 2, [torch.randn(4)], False)
+    (launcher,) = compile_triton_kernels(schedule.kernels, cache_dir=tmp_path).values()
+    with pytest.raises(TypeError, match="takes 2 tensors"):
+        launcher(torch.randn(4))
+
+
+# -- CUDA -------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_on_gpu(case: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    assert run_case(case, "cuda")["ok"]
+
+
+def _main(names: list[str]) -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for name in names:
+        try:
+            record = run_case(name, "cpu")
+        except Exception as exc:
+            record = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()}"}
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

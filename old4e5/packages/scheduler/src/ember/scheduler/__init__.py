@@ -1,0 +1,45 @@
+"""ember.scheduler: from an IR Program to an ordered Schedule with a memory plan.
+
+Fuses loop nodes into `FusedKernel`s (the contract with the codegens), orders the
+steps, and plans memory. Sits on ember.ir; the codegens render its kernels and the
+runtime executes it.
+"""
+
+from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
+from ember.scheduler.interpret import run_kernel, run_schedule
+from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER, FusedKernel, KernelMember
+from ember.scheduler.memory import plan_memory
+from ember.scheduler.schedule import (
+    Allocation,
+    ExternCall,
+    KernelStep,
+    MemoryPlan,
+    Schedule,
+    SelectOutput,
+    Step,
+)
+from ember.scheduler.scheduler import schedule_program
+from ember.scheduler.traffic import kernel_bytes, unfused_bytes
+
+__all__ = [
+    "DEFAULT_CHOICES",
+    "POINTWISE",
+    "REDUCTION",
+    "SCATTER",
+    "Allocation",
+    "DeviceChoices",
+    "ExternCall",
+    "FusedKernel",
+    "KernelMember",
+    "KernelStep",
+    "MemoryPlan",
+    "Schedule",
+    "SelectOutput",
+    "Step",
+    "kernel_bytes",
+    "plan_memory",
+    "run_kernel",
+    "run_schedule",
+    "schedule_program",
+    "unfused_bytes",
+]

@@ -1,0 +1,486 @@
+"""Fusion: group the program's loop nodes into kernels, greedily and deterministically.
+
+The algorithm walks the program once, in order. Each computed buffer joins the
+existing group where fusing it saves the most bytes (ties: the earliest group), or
+starts a new group. Joining group G is legal when
+
+1. everything the node reads is computed inside G or before G starts, and no
+   mutation lies between G's start and the node (the node moves up to G's place);
+2. the iteration spaces line up: same ranges (pointwise with pointwise), a pointwise
+   node over `outer ++ inner` or over `outer` of a reduction group (epilogue), a
+   reduction over `outer x inner` of a pointwise group (prologue), or another
+   reduction over the same `outer x inner`;
+3. every load of a member of G reads exactly the element G computes at the same point
+   (no mask, no indirection): a pointwise member is then inlined into the reader, a
+   reduction member is read as the kernel-local value;
+4. inlining copies no body heavier than `DeviceChoices.max_inline_ops`.
+
+Scatters and mutations of inputs stay alone; extern calls are never fused and nothing
+is fused across them when they read what a node of the group computes.
+
+Score: the bytes that fusing keeps out of memory, counted with all size symbols at 64
+(only the order of candidates matters). Vertical fusion saves the producer's reads;
+horizontal fusion (siblings sharing an input, same iteration space) saves one read of
+the shared input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import sympy
+from torch.utils._sympy.functions import ModularIndexing
+
+from ember.ir import (
+    ComputedBuffer,
+    ExternKernel,
+    IndexExpr,
+    Load,
+    MultiOutput,
+    Node,
+    Op,
+    Program,
+    Rand,
+    walk,
+)
+from ember.ir.expr import map_dag, replace_index
+from ember.ir.loops import Pointwise, Reduction, Scatter
+from ember.ir.symbolic import index_var, product
+from ember.scheduler.choices import DeviceChoices
+from ember.scheduler.indexing import affine_coefficient, store_index
+from ember.scheduler.iteration import merge_loop
+from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER
+
+
+@dataclass
+class Member:
+    """A computed buffer placed in a group, its body and index in the group's variables."""
+
+    buffer: ComputedBuffer
+    kind: str
+    body: Node
+    index: sympy.Expr
+    over_reduction: bool
+
+
+@dataclass
+class Group:
+    position: int  # index in program.nodes of the first member: where the kernel runs
+    ranges: tuple[sympy.Expr, ...]
+    reduction_ranges: tuple[sympy.Expr, ...]
+    members: list[Member] = field(default_factory=list)
+    closed: bool = False  # scatters and mutations take no company
+
+    def names(self) -> set[str]:
+        return {m.buffer.name for m in self.members}
+
+    def member(self, name: str) -> Member | None:
+        for m in self.members:
+            if m.buffer.name == name:
+                return m
+        return None
+
+    def loads(self) -> set[str]:
+        return {n.buffer for m in self.members for n in walk(m.body) if isinstance(n, Load)}
+
+
+def hint(expr: sympy.Expr) -> int:
+    """A number for comparing sizes: every size symbol counted as 64."""
+    if expr.is_number:
+        return int(expr)
+    return int(expr.xreplace({s: sympy.Integer(64) for s in expr.free_symbols}))
+
+
+def body_cost(body: Node) -> int:
+    return sum(1 for n in walk(body) if isinstance(n, Op))
+
+
+def _kind(buffer: ComputedBuffer) -> str:
+    if isinstance(buffer.loop, Scatter):
+        return SCATTER
+    return REDUCTION if isinstance(buffer.loop, Reduction) else POINTWISE
+
+
+def _space_map(
+    src: tuple[sympy.Expr, ...], outer: tuple[sympy.Expr, ...], inner: tuple[sympy.Expr, ...]
+) -> tuple[dict[sympy.Symbol, sympy.Expr], bool] | None:
+    """How a pointwise loop over `src` (variables i0..) maps onto a kernel space of
+    `outer` (i0..) and `inner` (r0..) dimensions: (variable mapping, covers inner).
+
+    Either dimension by dimension (`src` is `outer`, or `outer ++ inner`), or, when the
+    loop was merged into one dimension, by splitting that dimension row-major over the
+    kernel's: i0 -> i0 * (...) + ... + r0, exact because every index is affine in it."""
+    if src == outer:
+        return {}, False
+    if inner and src == (*outer, *inner):
+        return {index_var("i", len(outer) + j): index_var("r", j) for j in range(len(inner))}, True
+    if len(src) != 1:
+        return None
+    for target, covers_inner in (((*outer, *inner), True), (outer, False)):
+        if len(target) < 2 or (covers_inner and not inner):
+            continue
+        if sympy.expand(src[0] - product(target)) != 0:
+            continue
+        names = [index_var("i", k) for k in range(len(outer))]
+        names += [index_var("r", k) for k in range(len(inner))] if covers_inner else []
+        linear: sympy.Expr = sympy.Integer(0)
+        for k, name in enumerate(names):
+            linear = linear + name * product(target[k + 1 :])
+        return {index_var("i", 0): sympy.expand(linear)}, covers_inner
+    return None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a pointwise group's variables become those of a reduction's outer x inner
+    space when the group turns into the reduction's prologue: a substitution of the
+    group's variables. When the group is a row-major loop read back through the
+    reduction's index `read` (a one-to-one map onto its points), `linear` is the
+    group's linear point index: an index affine in it (the store, a contiguous load)
+    becomes affine in `read`, where substituting each variable (a floor/mod of
+    `read`) would leave a sum of floors and mods that no analysis sees through."""
+
+    mapping: dict[sympy.Symbol, sympy.Expr]
+    linear: sympy.Expr | None = None
+    read: sympy.Expr | None = None
+
+    def expr(self, expr: sympy.Expr) -> sympy.Expr:
+        if self.linear is not None and self.read is not None:
+            last = max(self.mapping, key=lambda v: v.name)  # the innermost variable
+            scale = affine_coefficient(sympy.expand(expr), last)
+            if scale is not None:
+                rest = sympy.expand(expr - scale * self.linear)
+                if not any(v in self.mapping for v in rest.free_symbols):
+                    return sympy.expand(scale * self.read + rest)
+        return sympy.expand(sympy.sympify(expr).xreplace(self.mapping))
+
+    def body(self, root: Node) -> Node:
+        def substitute(node: Node) -> Node:
+            if isinstance(node, Load):
+                return replace(node, index=self.expr(node.index))
+            if isinstance(node, IndexExpr):
+                return replace(node, expr=self.expr(node.expr))
+            if isinstance(node, Rand):
+                return replace(node, index=self.expr(node.index))
+            return node
+
+        return map_dag(root, substitute)
+
+
+def _prologue_map(group: Group, loop: Reduction) -> Placement | None:
+    """How the variables of a pointwise group become those of `loop`'s outer x inner
+    space when the group turns into that reduction's prologue (None: they cannot).
+
+    Following the reduction's own read of a member when it reads one at a different
+    point of each (outer, inner) pair, covering the member once: a column sum reads a
+    row-major producer across its outputs, which no row-major split of the producer's
+    loop matches. Otherwise row-major over the kernel's space (`_space_map`)."""
+    read = _read_map(group, loop)
+    if read is not None:
+        return read
+    placed = _space_map(group.ranges, loop.ranges, loop.reduction_ranges)
+    if placed is None or not placed[1]:
+        return None
+    return Placement(placed[0])
+
+
+def _read_map(group: Group, loop: Reduction) -> Placement | None:
+    """The group's variables as functions of E, when some member stores the group's
+    point at its linear (row-major) storage element and `loop` reads that member at
+    E, a one-to-one map of its outer x inner points onto the member's elements.
+
+    One merged loop maps as {i0: E}. A loop the merging left in several dimensions
+    (a broadcast operand, such as an attention mask shared by the heads, keeps them
+    apart) maps each variable to a floor and mod of E; its static sizes are needed."""
+    ranges = group.ranges
+    if len(ranges) > 1 and not all(isinstance(r, sympy.Integer) for r in ranges):
+        return None
+    variables = [index_var("i", k) for k in range(len(ranges))]
+    places = [product(ranges[k + 1 :]) for k in range(len(ranges))]
+    linear = sympy.expand(
+        sum((v * p for v, p in zip(variables, places, strict=True)), sympy.S.Zero)
+    )
+    stored_at_point = {m.buffer.name for m in group.members if sympy.expand(m.index - linear) == 0}
+    space = [(index_var("i", k), r) for k, r in enumerate(loop.ranges)]
+    space += [(index_var("r", k), r) for k, r in enumerate(loop.reduction_ranges)]
+    for node in walk(loop.body):
+        if (
+            isinstance(node, Load)
+            and node.buffer in stored_at_point
+            and node.mask is None
+            and not node.indirect
+            and _one_to_one(node.index, space, product(ranges))
+        ):
+            if len(ranges) == 1:
+                return Placement({variables[0]: node.index})
+            mapping = {
+                v: ModularIndexing(node.index, p, r)
+                for v, p, r in zip(variables, places, ranges, strict=True)
+            }
+            return Placement(mapping, linear, node.index)
+    return None
+
+
+def _one_to_one(
+    expr: sympy.Expr, space: list[tuple[sympy.Symbol, sympy.Expr]], extent: sympy.Expr
+) -> bool:
+    """`expr` maps the points of `space` one to one onto 0 .. extent-1: it is affine
+    with no constant term and its coefficients, smallest first, are the mixed-radix
+    place values of the ranges (1, r_a, r_a*r_b, ...)."""
+    if expr.xreplace({v: sympy.Integer(0) for v, _ in space}) != 0:
+        return False
+    terms: list[tuple[sympy.Expr, sympy.Expr]] = []
+    for var, extent_of_var in space:
+        if extent_of_var == 1:
+            continue
+        coefficient = affine_coefficient(expr, var)
+        if coefficient is None:
+            return False
+        terms.append((coefficient, extent_of_var))
+    place: sympy.Expr = sympy.Integer(1)
+    while terms:
+        hit = next((t for t in terms if sympy.expand(t[0] - place) == 0), None)
+        if hit is None:
+            return False
+        terms.remove(hit)
+        place = sympy.expand(place * hit[1])
+    return bool(sympy.expand(place - extent) == 0)
+
+
+def _var_map(
+    buffer: ComputedBuffer, ranges: tuple[sympy.Expr, ...], reduction_ranges: tuple[sympy.Expr, ...]
+) -> tuple[dict[sympy.Symbol, sympy.Expr], bool] | None:
+    """How `buffer`'s loop variables become the group's: (mapping, over_reduction)."""
+    loop = buffer.loop
+    if isinstance(loop, Reduction):
+        if loop.ranges == ranges and loop.reduction_ranges == reduction_ranges:
+            return {}, False
+        return None
+    if not isinstance(loop, Pointwise):
+        return None
+    return _space_map(loop.ranges, ranges, reduction_ranges)
+
+
+class Fuser:
+    """Builds the groups for one program."""
+
+    def __init__(self, program: Program, choices: DeviceChoices) -> None:
+        self.program = program
+        self.choices = choices
+        self.groups: list[Group] = []
+        self.group_of: dict[str, Group] = {}
+        self.position_of: dict[str, int] = {}
+        # Steps that write memory other steps may read: (position, buffers written,
+        # as alias roots; None: anything). Nothing reading what a barrier writes may
+        # join a group placed before it.
+        self.barriers: list[tuple[int, frozenset[str] | None]] = []
+        self.alias_root: dict[str, str] = {}  # view -> the buffer it aliases
+        self.sizes: dict[str, int] = {}
+        self.store_indices: dict[str, sympy.Expr] = {}  # in each buffer's merged loop
+
+    def run(self) -> list[Group]:
+        for value in (*self.program.inputs, *self.program.constants):
+            layout = getattr(value, "layout", None)
+            if layout is not None:
+                self.sizes[value.name] = hint(layout.numel()) * layout.dtype.itemsize
+        for position, node in enumerate(self.program.nodes):
+            self.position_of[node.name] = position
+            layout = getattr(node, "layout", None)
+            if layout is not None:
+                self.sizes[node.name] = hint(layout.numel()) * layout.dtype.itemsize
+            if isinstance(node, ComputedBuffer):
+                merged, index = merge_loop(node, store_index(node))
+                self.store_indices[node.name] = index
+                self._place(merged, position)
+            elif isinstance(node, ExternKernel) and node.writes_arguments:
+                self.barriers.append((position, None))
+            elif isinstance(node, ExternKernel) and node.is_view:
+                source = next(node.reads(), None)  # a view aliases its tensor argument
+                if source is not None:
+                    self.alias_root[node.name] = self._root(source)
+            elif not isinstance(node, (ExternKernel, MultiOutput)):  # pragma: no cover
+                raise TypeError(f"cannot schedule {type(node).__name__}")
+        return self.groups
+
+    def _place(self, buffer: ComputedBuffer, position: int) -> None:
+        kind = _kind(buffer)
+        degenerate = isinstance(buffer.loop, Reduction) and not buffer.loop.reduction_ranges
+        if kind == SCATTER or buffer.mutates is not None or degenerate:
+            # Scatters and mutations take no company; so does a reduction over no
+            # dimension at all, which no iteration space of a fused kernel can hold.
+            self._new_group(buffer, position, closed=True)
+            if not degenerate:
+                written = {buffer.name, *([buffer.mutates] if buffer.mutates else [])}
+                self.barriers.append((position, frozenset(self._root(n) for n in written)))
+            return
+        best: tuple[int, int, Group, Member] | None = None
+        for order, group in enumerate(self.groups):
+            candidate = self._try(group, buffer)
+            if candidate is None:
+                continue
+            member, score = candidate
+            if score > 0 and (best is None or score > best[0]):
+                best = (score, -order, group, member)
+        if best is None:
+            self._new_group(buffer, position)
+            return
+        _, _, group, member = best
+        if member.kind == REDUCTION and not group.reduction_ranges:
+            self._widen(group, buffer)
+            member = self._try(group, buffer)[0]  # type: ignore[index]  # legal by construction
+        group.members.append(member)
+        self.group_of[buffer.name] = group
+
+    def _new_group(self, buffer: ComputedBuffer, position: int, *, closed: bool = False) -> None:
+        loop = buffer.loop
+        reduction_ranges = loop.reduction_ranges if isinstance(loop, Reduction) else ()
+        group = Group(position, loop.ranges, reduction_ranges, closed=closed)
+        index = self.store_indices[buffer.name]
+        group.members.append(Member(buffer, _kind(buffer), loop.body, index, False))
+        self.groups.append(group)
+        self.group_of[buffer.name] = group
+
+    def _widen(self, group: Group, reduction: ComputedBuffer) -> None:
+        """Turn a pointwise group into the prologue of `reduction`'s kernel."""
+        loop = reduction.loop
+        assert isinstance(loop, Reduction)
+        placement = _prologue_map(group, loop)
+        assert placement is not None
+        group.ranges, group.reduction_ranges = loop.ranges, loop.reduction_ranges
+        for m in group.members:
+            m.body = placement.body(m.body)
+            m.index = placement.expr(m.index)
+            m.over_reduction = True
+
+    def _try(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | None:
+        if group.closed or len(group.members) >= self.choices.max_members:
+            return None
+        if group.members[0].buffer.layout.device != buffer.layout.device:
+            return None
+        kind = _kind(buffer)
+        ranges, reduction_ranges = group.ranges, group.reduction_ranges
+        loop = buffer.loop
+        widened: Placement | None = None
+        if kind == REDUCTION and not reduction_ranges:
+            assert isinstance(loop, Reduction)
+            widened = _prologue_map(group, loop)
+            if widened is None:
+                return None
+            ranges, reduction_ranges = loop.ranges, loop.reduction_ranges
+        placed = _var_map(buffer, ranges, reduction_ranges)
+        if placed is None:
+            return None
+        mapping, over_reduction = placed
+        if not self._dependencies_allow(group, buffer):
+            return None
+        members = self._members_as_placed(group, widened)
+        body = replace_index(loop.body, mapping) if mapping else loop.body
+        inlined = self._inline(body, members, over_reduction or kind == REDUCTION)
+        if inlined is None:
+            return None
+        index = sympy.expand(self.store_indices[buffer.name].xreplace(mapping))
+        member = Member(buffer, kind, inlined, index, over_reduction)
+        return member, self._score(group, buffer, member.body)
+
+    def _members_as_placed(
+        self,
+        group: Group,
+        placement: Placement | None,
+    ) -> dict[str, Member]:
+        if placement is None:
+            return {m.buffer.name: m for m in group.members}
+        return {
+            m.buffer.name: Member(
+                m.buffer, m.kind, placement.body(m.body), placement.expr(m.index), True
+            )
+            for m in group.members
+        }
+
+    def _inline(self, body: Node, members: dict[str, Member], sees_inner: bool) -> Node | None:
+        """`body` with loads of the group's pointwise members replaced by their bodies;
+        None when some load of a member does not read the element of the same point."""
+        failed = False
+
+        def rewrite(node: Node) -> Node:
+            nonlocal failed
+            if not isinstance(node, Load) or node.buffer not in members:
+                return node
+            member = members[node.buffer]
+            if node.mask is not None or node.indirect or not _reads_own_point(node, member):
+                failed = True
+                return node
+            if member.kind == REDUCTION:
+                return node  # the kernel-local value of that reduction
+            if member.over_reduction and not sees_inner:
+                failed = True  # an outer-only reader cannot see a value per inner point
+                return node
+            if body_cost(member.body) > self.choices.max_inline_ops:
+                failed = True
+                return node
+            return member.body
+
+        result = map_dag(body, rewrite)
+        if failed:
+            return None
+        if result is not body and body_cost(result) > body_cost(body) + self.choices.max_inline_ops:
+            return None  # chains of inlined producers would be recomputed at every stage
+        return result
+
+    def _root(self, name: str) -> str:
+        return self.alias_root.get(name, name)
+
+    def _dependencies_allow(self, group: Group, buffer: ComputedBuffer) -> bool:
+        # Joining `group` moves `buffer` back to the group's place, before any barrier
+        # in between: allowed only when that barrier writes nothing it reads (a bias
+        # gradient's cast may move back across an embedding gradient's scatter).
+        read_roots = {self._root(name) for name in buffer.reads()}
+        for step, written in self.barriers:
+            if step > group.position and (written is None or written & read_roots):
+                return False
+        members = group.names()
+        for name in buffer.reads():
+            if name in members:
+                continue
+            producer_group = self.group_of.get(name)
+            if producer_group is not None and producer_group is not group:
+                if producer_group.position >= group.position:
+                    return False
+                continue
+            position = self.position_of.get(name)
+            if position is not None and position > group.position:
+                return False  # an extern (or its output) computed after the group starts
+        return True
+
+    def _score(self, group: Group, buffer: ComputedBuffer, placed: Node) -> int:
+        """Bytes kept out of memory: a producer's write and read (vertical), or one
+        read of an input the group already loads at the same index (horizontal). An
+        input the group reads at other indices saves nothing: a row reduction and a
+        column reduction of one square matrix share the buffer but no cache line, and
+        fusing them makes one of them walk the matrix across its rows."""
+        members = group.names()
+        in_group = {
+            (n.buffer, n.index) for m in group.members for n in walk(m.body) if isinstance(n, Load)
+        }
+        here = {(n.buffer, n.index) for n in walk(placed) if isinstance(n, Load)}
+        shared = {name for name, index in here & in_group}
+        saved = 0
+        for name in set(buffer.reads()):
+            if name in members:
+                saved += 2 * self.sizes.get(name, 0)
+            elif name in shared and self.choices.horizontal:
+                saved += self.sizes.get(name, 0)
+        return saved
+
+
+def _reads_own_point(load: Load, member: Member) -> bool:
+    """The load reads the element `member` computes at the current point (for a
+    welford reduction: its mean or its M2, one stride apart)."""
+    delta = sympy.expand(load.index - member.index)
+    if delta == 0:
+        return True
+    loop = member.buffer.loop
+    return (
+        isinstance(loop, Reduction)
+        and loop.kind == "welford"
+        and sympy.expand(delta - member.buffer.layout.stride[-1]) == 0
+    )

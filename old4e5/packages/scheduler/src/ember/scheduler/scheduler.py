@@ -1,0 +1,38 @@
+"""The entry point: turn a Program into a Schedule."""
+
+from __future__ import annotations
+
+from ember.ir import ComputedBuffer, ExternKernel, MultiOutput, Program
+from ember.scheduler.build import build_kernels
+from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
+from ember.scheduler.fusion import Fuser
+from ember.scheduler.memory import plan_memory
+from ember.scheduler.schedule import ExternCall, KernelStep, Schedule, SelectOutput, Step
+from ember.scheduler.split import split_reductions
+
+
+def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES) -> Schedule:
+    """Split the reductions `choices` asks for, fuse the program's loop nodes into
+    kernels, order the steps, plan memory.
+
+    Steps run in program order, each kernel at the place of its first member (fusion
+    only ever moves a node up to a group whose inputs are all ready by then). The
+    schedule's `program` is the one its kernels compute: `program` itself, or a copy
+    with split reductions (ember.scheduler.split) and their partial buffers.
+    """
+    program = split_reductions(program, choices)
+    groups = Fuser(program, choices).run()
+    kernels = build_kernels(program, groups)
+    steps: list[Step] = []
+    for position, node in enumerate(program.nodes):
+        if isinstance(node, ExternKernel):
+            steps.append(ExternCall(node))
+        elif isinstance(node, MultiOutput):
+            steps.append(SelectOutput(node))
+        elif isinstance(node, ComputedBuffer):
+            kernel = kernels.get(position)
+            if kernel is not None:
+                steps.append(KernelStep(kernel))
+        else:  # pragma: no cover - the IR has no other compute node
+            raise TypeError(f"cannot schedule {type(node).__name__} {node.name!r}")
+    return Schedule(program, steps, plan_memory(program, steps))

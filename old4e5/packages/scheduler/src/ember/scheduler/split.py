@@ -1,0 +1,161 @@
+"""Split reductions: a reduction with few outputs and long rows becomes two.
+
+A reduction runs at most one worker (GPU program, CPU work item) per output, or per
+block of neighbouring outputs: a column sum of a [32768, 4096] tensor has 4096 of
+them, a few dozen GPU programs. When `DeviceChoices.reduction_chunks` says the device
+wants more, this pass (run before fusion) rewrites the reduction `buf` into two IR
+reductions of the same kind:
+
+1. `buf_partial`, a new buffer of S x outputs values: chunk s of an output reduces
+   the contiguous slice [s*C, (s+1)*C) of its outermost reduction dimension (of extent
+   S*C; S divides it, so no chunk needs a mask) and every other reduction dimension;
+2. `buf` itself (same name, layout and readers), now reducing those S values per
+   output.
+
+Both are ordinary reductions, so every codegen runs them unchanged and the fuser
+treats them like any other: the partial absorbs the pointwise prologue the original
+read, the final one its epilogue. The partial buffer is an intermediate the memory
+plan allocates and frees like any other.
+
+Layout of the partial buffer: when the reduction reads contiguously across outputs (a
+column sum) it is [S, outputs], so the partial kernel stores and the final kernel
+loads contiguous runs of outputs; when it reads along the row it is [outputs, S], so
+the final kernel reduces contiguous rows of S values.
+
+Only static sizes are split, and only kinds whose partial results combine with the
+same kind (sum, prod, max, min, any, all). Welford (mean and M2) would need Chan's
+merge of (mean, M2, count) triples in the final step, and argmax/argmin the index of
+the partial winner: both stay whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import sympy
+
+from ember.ir import ComputedBuffer, Layout, Load, Program, walk
+from ember.ir.expr import replace_index
+from ember.ir.loops import Reduction
+from ember.ir.nodes import ComputeNode
+from ember.ir.symbolic import index_var, product
+from ember.scheduler.choices import DeviceChoices
+from ember.scheduler.indexing import affine_coefficient, store_index
+from ember.scheduler.iteration import merge_loop
+
+SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
+
+
+def split_reductions(program: Program, choices: DeviceChoices) -> Program:
+    """`program` with each reduction the device wants split replaced by a partial and
+    a final reduction (the same program when nothing is split)."""
+    taken = {n.name for n in (*program.inputs, *program.constants, *program.nodes)}
+    nodes: list[ComputeNode] = []
+    for node in program.nodes:
+        parts = _split(node, choices, taken) if isinstance(node, ComputedBuffer) else None
+        if parts is None:
+            nodes.append(node)
+        else:
+            nodes.extend(parts)
+    if len(nodes) == len(program.nodes):
+        return program
+    return replace(program, nodes=nodes)
+
+
+def _is_static(exprs: tuple[sympy.Expr, ...]) -> bool:
+    return all(isinstance(e, sympy.Integer) for e in exprs)
+
+
+def _split(
+    buffer: ComputedBuffer, choices: DeviceChoices, taken: set[str]
+) -> tuple[ComputedBuffer, ComputedBuffer] | None:
+    loop = buffer.loop
+    if (
+        not isinstance(loop, Reduction)
+        or loop.kind not in SPLITTABLE
+        or buffer.mutates is not None
+        or not loop.reduction_ranges
+        or not _is_static((*loop.ranges, *loop.reduction_ranges))
+    ):
+        return None
+    merged, _ = merge_loop(buffer, store_index(buffer), prefixes=("r",))
+    assert isinstance(merged.loop, Reduction)
+    loop = merged.loop
+    column = _reads_across_outputs(loop)
+    chunks = choices.reduction_chunks(
+        int(product(loop.ranges)),
+        int(product(loop.reduction_ranges)),
+        int(loop.reduction_ranges[0]),
+        column,
+    )
+    if chunks < 2:
+        return None
+    name = f"{buffer.name}_partial"
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    partial = _partial(loop, chunks, column, name, buffer)
+    return partial, _final(buffer, loop, chunks, column, partial)
+
+
+def _partial(
+    loop: Reduction, chunks: int, column: bool, name: str, buffer: ComputedBuffer
+) -> ComputedBuffer:
+    """The chunk reductions: outer space (S, *outputs) or (*outputs, S)."""
+    count = len(loop.ranges)
+    length = sympy.Integer(int(loop.reduction_ranges[0]) // chunks)
+    mapping: dict[sympy.Symbol, sympy.Expr] = {}
+    if column:
+        chunk = index_var("i", 0)
+        mapping.update({index_var("i", k): index_var("i", k + 1) for k in range(count)})
+        ranges = (sympy.Integer(chunks), *loop.ranges)
+    else:
+        chunk = index_var("i", count)
+        ranges = (*loop.ranges, sympy.Integer(chunks))
+    mapping[index_var("r", 0)] = chunk * length + index_var("r", 0)
+    body = replace_index(loop.body, mapping)
+    partial = Reduction(ranges, (length, *loop.reduction_ranges[1:]), loop.kind, body)
+    layout = Layout.contiguous(buffer.layout.device, loop.dtype, ranges)
+    return ComputedBuffer(name, layout, partial, origin=buffer.origin)
+
+
+def _final(
+    buffer: ComputedBuffer,
+    loop: Reduction,
+    chunks: int,
+    column: bool,
+    partial: ComputedBuffer,
+) -> ComputedBuffer:
+    """The original buffer, reducing the S partial values of each output."""
+    strides = partial.layout.stride
+    outer = strides[1:] if column else strides[:-1]
+    index: sympy.Expr = index_var("r", 0) * (strides[0] if column else strides[-1])
+    for k, stride in enumerate(outer):
+        index = index + index_var("i", k) * stride
+    body = Load(partial.name, sympy.expand(index), loop.dtype)
+    final = Reduction(loop.ranges, (sympy.Integer(chunks),), loop.kind, body)
+    return replace(buffer, loop=final)
+
+
+def _reads_across_outputs(loop: Reduction) -> bool:
+    """True when most loads that move along the row are contiguous along an output
+    dimension instead (a reduction over a leading dimension: a column sum).
+
+    Loads that no output index reaches (the per-row mean and reciprocal deviation of a
+    layer norm's weight gradient, sum over n of dy[n, c] * (x[n, c] - mean[n]) *
+    rstd[n]) are the same for every output: a worker reads them once per row, so they
+    do not vote. Counting them split that gradient with [outputs, S] partials, whose
+    kernel then read dy and x with a stride of a whole row between neighbours."""
+    outer = [index_var("i", k) for k in range(len(loop.ranges))]
+    inner = [index_var("r", k) for k in range(len(loop.reduction_ranges))]
+    along_row = across = 0
+    for node in walk(loop.body):
+        if not isinstance(node, Load) or node.indirect:
+            continue
+        if not any(node.index.has(r) for r in inner) or not any(node.index.has(v) for v in outer):
+            continue
+        if affine_coefficient(node.index, inner[-1]) == 1:
+            along_row += 1
+        elif any(affine_coefficient(node.index, v) == 1 for v in outer):
+            across += 1
+    return across > along_row

@@ -1,0 +1,50 @@
+"""Bytes a kernel must move: each input read once, each stored output written once.
+
+The floor of any implementation of the kernel on a memory-bound device, and how the
+scheduler's fusion is judged (fused bytes against the unfused program's bytes).
+"""
+
+from __future__ import annotations
+
+from ember.ir import ComputedBuffer, Layout, Program
+from ember.scheduler.fusion import hint
+from ember.scheduler.kernel import FusedKernel
+
+
+def _layouts(program: Program) -> dict[str, Layout]:
+    found: dict[str, Layout] = {}
+    for node in program.inputs:
+        layout = getattr(node, "layout", None)
+        if layout is not None:
+            found[node.name] = layout
+    for const in program.constants:
+        found[const.name] = const.layout
+    for item in program.nodes:
+        layout = getattr(item, "layout", None)
+        if isinstance(layout, Layout):
+            found[item.name] = layout
+    return found
+
+
+def _size(layout: Layout) -> int:
+    return hint(layout.numel()) * layout.dtype.itemsize
+
+
+def kernel_bytes(kernel: FusedKernel, program: Program) -> int:
+    """Bytes `kernel` reads and writes (size symbols counted as 64)."""
+    layouts = _layouts(program)
+    read = sum(_size(layouts[name]) for name in kernel.inputs if name in layouts)
+    written = sum(_size(m.layout) for m in kernel.members if m.stored)
+    return read + written
+
+
+def unfused_bytes(program: Program) -> int:
+    """Bytes the program's loop nodes would move as one kernel each."""
+    layouts = _layouts(program)
+    total = 0
+    for node in program.nodes:
+        if isinstance(node, ComputedBuffer):
+            total += _size(node.layout) + sum(
+                _size(layouts[n]) for n in set(node.reads()) if n in layouts
+            )
+    return total

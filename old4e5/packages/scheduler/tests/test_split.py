@@ -1,0 +1,191 @@
+"""Split reductions: which reductions become a partial and a final one, and that the
+split schedule computes what the unfused program and eager compute."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sympy
+import torch
+
+from ember.ir import ComputedBuffer, Program, Reduction, run_program
+from ember.scheduler import DeviceChoices, Schedule, run_schedule, schedule_program
+
+# Thresholds small enough to split test-sized tensors: 16 workers wanted, a column
+# worker covers 4 outputs, chunks of at least 8 elements.
+SMALL = DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8)
+# What ember.codegen.triton asks for (an H100/H200-class GPU); restated here because
+# the scheduler cannot import a codegen.
+GPU = DeviceChoices(split_workers=132 * 16, split_column_width=64, split_min_chunk=256)
+
+
+def reductions(schedule: Schedule) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, layout size) of every reduction member, in schedule order."""
+    return [
+        (m.name, tuple(int(s) for s in m.layout.size))
+        for k in schedule.kernels
+        for m in k.members
+        if m.kind == "reduction"
+    ]
+
+
+def check(program: Program, schedule: Schedule, fn: Callable[..., Any], *args: Any) -> None:
+    actual = run_schedule(schedule, [a.clone() for a in args])
+    torch.testing.assert_close(actual, run_program(program, [a.clone() for a in args]))
+    expected = fn(*args)
+    expected = list(expected) if isinstance(expected, tuple) else [expected]
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_gpu_choice_for_a_column_sum() -> None:
+    # x.sum(0) of [32768, 4096]: 4096 outputs in column tiles of 64 are 64 programs;
+    # 32 chunks of 1024 rows make 2048.
+    assert GPU.reduction_chunks(4096, 32768, 32768, column=True) == 32
+    # the same shape summed along rows already has 32768 programs
+    assert GPU.reduction_chunks(32768, 4096, 4096, column=False) == 1
+    # a full sum of 2**27 elements: as many chunks as the cap allows
+    assert GPU.reduction_chunks(1, 1 << 27, 1 << 27, column=False) == 1024
+    # GPT-2's bias gradient, [8192, 768].sum(0): chunks of at least 256 rows
+    assert GPU.reduction_chunks(768, 8192, 8192, column=True) == 32
+    # no divisor of a prime extent: left whole rather than masked
+    assert GPU.reduction_chunks(64, 50021, 50021, column=True) == 1
+    assert DeviceChoices().reduction_chunks(1, 1 << 27, 1 << 27, column=False) == 1
+
+
+def test_column_sum_splits_into_a_partial_and_a_final_kernel(
+    lower: Callable[..., Program],
+) -> None:
+    x = torch.randn(64, 16)
+    program = lower(lambda t: t.sum(0), x)
+    schedule = schedule_program(program, SMALL)
+    assert len(schedule.kernels) == 2
+    # 16 outputs = 4 column workers; 4 chunks of 16 rows, stored [chunks, outputs]
+    (partial, partial_size), (final, final_size) = reductions(schedule)
+    assert partial_size == (4, 16) and final_size == (16,)
+    assert partial in {a.name for step in schedule.memory.allocations for a in step}
+    assert final == next(n.name for n in program.nodes if isinstance(n, ComputedBuffer))
+    check(program, schedule, lambda t: t.sum(0), x)
+
+
+def test_row_reduction_partials_are_stored_row_major(lower: Callable[..., Program]) -> None:
+    x = torch.randn(4, 256)
+    program = lower(lambda t: t.sum(-1), x)
+    schedule = schedule_program(program, SMALL)
+    assert [size for _, size in reductions(schedule)] == [(4, 4), (4,)]  # [outputs, chunks]
+    check(program, schedule, lambda t: t.sum(-1), x)
+
+
+def layer_norm_weight_grad(
+    dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor
+) -> torch.Tensor:
+    # as in the backward graph: the forward saved the per-row mean and rstd
+    return (dy * ((x - mean[:, None]) * rstd[:, None])).sum(0)
+
+
+def test_row_constants_do_not_turn_a_column_sum_into_row_partials(
+    lower: Callable[..., Program],
+) -> None:
+    # dy and x move across outputs; the per-row mean and rstd are the same for every
+    # output and must not vote for a row-major [outputs, chunks] partial.
+    args = (torch.randn(64, 16), torch.randn(64, 16), torch.randn(64), torch.rand(64) + 0.5)
+    program = lower(layer_norm_weight_grad, *args)
+    schedule = schedule_program(program, SMALL)
+    sizes = [size for _, size in reductions(schedule) if len(size) == 2]
+    assert (4, 16) in sizes and (16, 4) not in sizes  # [chunks, outputs]
+    check(program, schedule, layer_norm_weight_grad, *args)
+
+
+def test_small_and_dynamic_reductions_stay_whole(lower: Callable[..., Program]) -> None:
+    small = lower(lambda t: t.sum(0), torch.randn(64, 16))
+    assert len(schedule_program(small, GPU).kernels) == 1
+    assert len(schedule_program(small).kernels) == 1  # the defaults never split
+    dynamic = lower(lambda t: t.sum(0), torch.randn(64, 16), symbolic=True)
+    assert len(schedule_program(dynamic, SMALL).kernels) == 1
+
+
+def test_welford_and_argmax_stay_whole(lower: Callable[..., Program]) -> None:
+    x = torch.randn(256, 4)
+
+    def stats(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (*torch.var_mean(t, 0), t.argmax(0))
+
+    program = lower(stats, x)
+    schedule = schedule_program(program, SMALL)
+    kinds = [m.reduction for k in schedule.kernels for m in k.members if m.kind == "reduction"]
+    assert sorted(kinds) == ["argmax", "welford"]
+    check(program, schedule, stats, x)
+
+
+def bias_grad(h: torch.Tensor, gy: torch.Tensor, w: torch.Tensor) -> Any:
+    g = torch.ops.aten.gelu_backward(gy, h)
+    return g @ w, g.sum(0)
+
+
+def test_partial_absorbs_the_prologue_and_final_the_epilogue(
+    lower: Callable[..., Program],
+) -> None:
+    args = (torch.randn(64, 16), torch.randn(64, 16), torch.randn(16, 8))
+    program = lower(bias_grad, *args)
+    schedule = schedule_program(program, SMALL)
+    first, second = schedule.kernels
+    # the gradient (also read by the matmul) is computed and stored by the partial
+    assert [(m.kind, m.stored) for m in first.members] == [
+        ("pointwise", True),
+        ("reduction", True),
+    ]
+    assert [m.kind for m in second.members] == ["reduction"]
+    check(program, schedule, bias_grad, *args)
+    unsplit = schedule_program(program)  # the column sum absorbs it unsplit too
+    assert len(unsplit.kernels) == 1
+
+    def mean_cast(t: torch.Tensor) -> torch.Tensor:
+        return (t * 2).mean(0).to(torch.float16)
+
+    x = torch.randn(128, 8)
+    program = lower(mean_cast, x)
+    schedule = schedule_program(program, SMALL)
+    assert len(schedule.kernels) == 2
+    final = schedule.kernels[1]
+    assert [m.kind for m in final.members if m.stored] == ["pointwise"]
+    check(program, schedule, mean_cast, x)
+
+
+CASES: dict[str, tuple[Callable[..., Any], list[torch.Tensor]]] = {
+    "sum_all": (lambda t: t.sum(), [torch.randn(32, 24)]),
+    "prod_cols": (lambda t: t.prod(0), [1 + 0.01 * torch.randn(64, 8)]),
+    "max_rows": (lambda t: t.amax(-1), [torch.randn(3, 512)]),
+    "min_cols": (lambda t: t.amin(0) * 2, [torch.randn(96, 5)]),
+    "any_all": (
+        lambda t: ((t > 2.0).any(0), (t > -2.5).all(-1)),
+        [torch.randn(128, 6)],
+    ),
+    "two_dims": (lambda t: t.sum((0, 2)), [torch.randn(16, 3, 20)]),
+    "int_sum": (lambda t: (t * 10).to(torch.int32).sum(0), [torch.randn(64, 4)]),
+    "bf16_sum": (
+        lambda t: t.sum(0),
+        [torch.randn(64, 8).to(torch.bfloat16)],
+    ),
+    "norm_backward": (
+        lambda g, x, w: ((g * x).sum(0), g.sum(0), g * w),
+        [torch.randn(64, 12), torch.randn(64, 12), torch.randn(12)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_split_matches_unfused_program_and_eager(case: str, lower: Callable[..., Program]) -> None:
+    fn, args = CASES[case]
+    program = lower(fn, *args)
+    schedule = schedule_program(program, SMALL)
+    partials = [
+        n
+        for n in schedule.program.nodes
+        if isinstance(n, ComputedBuffer) and n.name.endswith("_partial")
+    ]
+    assert partials, "the case should split"
+    for node in partials:
+        assert isinstance(node.loop, Reduction)
+        assert all(isinstance(r, sympy.Integer) for r in node.loop.reduction_ranges)
+    check(program, schedule, fn, *args)
