@@ -107,3 +107,16 @@ def test_a_timed_out_measurement_is_killed_with_its_children(tmp_path: Path) -> 
     start = time.perf_counter()
     assert _finish(job, 2) == {"error": "cold measurement timed out after 2 s"}
     assert time.perf_counter() - start < 20
+
+
+def test_aot_eager_is_measured_as_the_compile_floor() -> None:
+    """aot_eager (Dynamo + AOTAutograd, graphs run eagerly) gets a cold compile time
+    and an accuracy verdict like a compiling backend, and no kernel count."""
+    from ember.runtime.bench.measure import measure
+
+    record = measure(
+        "mlp", "inference", "aot_eager", torch.device("cpu"), torch.float32, "cold", runs=2
+    )
+    assert record["compile_s"] > 0 and record["ms"] > 0
+    assert record["matches_eager"] is True
+    assert "kernels" not in record

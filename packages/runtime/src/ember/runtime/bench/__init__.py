@@ -17,6 +17,7 @@ from pathlib import Path
 from ember.runtime.bench.harness import (
     BACKENDS,
     MODES,
+    OPTIONAL_BACKENDS,
     BenchOptions,
     BenchRecord,
     default_models,
@@ -52,7 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated; default: the device's set; any of {', '.join(MODELS)}",
     )
     parser.add_argument("--modes", default=",".join(MODES), help="inference,train")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="eager,inductor,ember")
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help="eager,inductor,ember (also aot_eager: the Dynamo + AOTAutograd compile floor)",
+    )
     parser.add_argument("--dtype", default=None, help="default float32 on cpu, bfloat16 on cuda")
     parser.add_argument("--runs", type=int, default=20, help="timed runs per measurement")
     parser.add_argument(
@@ -88,7 +93,7 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         models = _csv(args.models, MODELS) or default_models(args.device)
         modes = _csv(args.modes, MODES)
-        backends = _csv(args.backends, BACKENDS)
+        backends = _csv(args.backends, BACKENDS + OPTIONAL_BACKENDS)
     except argparse.ArgumentTypeError as exc:
         print(f"ember bench: {exc}", file=sys.stderr)
         return 2

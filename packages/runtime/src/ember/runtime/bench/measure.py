@@ -137,7 +137,7 @@ def measure(
         return record
     if backend == "inductor":
         record["kernels"] = int(vars(metrics)["generated_kernel_count"])
-    else:
+    elif backend == "ember":
         records = compile_records[first_record:]
         record["kernels"] = sum(r.kernels for r in records)
         record["graphs"] = len(records)
@@ -162,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ember.runtime.bench.measure")
     parser.add_argument("--model", required=True, choices=sorted(MODELS))
     parser.add_argument("--mode", required=True, choices=["inference", "train"])
-    parser.add_argument("--backend", required=True, choices=["eager", "inductor", "ember"])
+    parser.add_argument(
+        "--backend", required=True, choices=["eager", "aot_eager", "inductor", "ember"]
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--phase", default="cold", choices=["cold", "warm"])
