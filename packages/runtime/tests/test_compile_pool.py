@@ -9,7 +9,9 @@ the jit function (the real one needs a GPU: tests/cuda covers it).
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +46,28 @@ def _request(path: Path, function: str = "double", block: int = 64) -> compile_p
 
 
 class _Recorder:
+    """The `here` callables of a session's jobs: which ran, in which thread."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.local: list[int] = []
-        self.loaded: list[int] = []
+        self.ran: list[int] = []
 
-    def compile_here(self, i: int) -> None:
-        with self.lock:
-            self.local.append(i)
+    def job(self, i: int) -> Any:
+        def here() -> None:
+            with self.lock:
+                self.ran.append(i)
 
-    def load(self, i: int) -> None:
-        with self.lock:
-            self.loaded.append(i)
+        return here
+
+
+def _run(requests: list[Any], threads: int = 1) -> tuple[int, list[int]]:
+    """(jobs compiled by workers, jobs whose `here` ran) for one session."""
+    seen = _Recorder()
+    session = compile_pool.CompileSession(threads=threads)
+    for i, request in enumerate(requests):
+        session.add(request, seen.job(i))
+    session.close()
+    return session.by_workers, sorted(seen.ran)
 
 
 @pytest.fixture
@@ -75,11 +87,8 @@ def test_a_worker_compiles_a_request_into_the_cache(tmp_path: Path, workers: Any
     source = tmp_path / "k.py"
     source.write_text(KERNEL)
     requests = [_request(source, block=64), _request(source, block=128), None]
-    seen = _Recorder()
-    remote = compile_pool.compile_all(requests, seen.compile_here, seen.load, threads=1)
-    assert remote == 2
-    assert sorted(seen.loaded) == [0, 1]
-    assert seen.local == [2]  # no request: compiled here
+    # every job's `here` runs: after a worker compiled it (a load), or instead of one
+    assert _run(requests) == (2, [0, 1, 2])
     cubins = list((tmp_path / "triton-cache").rglob("double.cubin"))
     assert len(cubins) == 2  # one binary per block size
 
@@ -95,19 +104,41 @@ def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) ->
     failures = [workers[0].run(r.message()) for r in requests]
     assert all(f.startswith("error: ") for f in failures), failures
     assert "AttributeError" in failures[2]
-    seen = _Recorder()
-    assert compile_pool.compile_all(requests, seen.compile_here, seen.load, threads=1) == 0
-    assert sorted(seen.local) == [0, 1, 2]
-    assert seen.loaded == []
+    assert _run(requests) == (0, [0, 1, 2])
 
 
 def test_without_workers_everything_compiles_here(tmp_path: Path) -> None:
-    seen = _Recorder()
     with config.scope(compile_workers=0):
         assert compile_pool.start() == 0
-        requests = [_request(tmp_path / "k.py"), None]
-        assert compile_pool.compile_all(requests, seen.compile_here, seen.load, threads=2) == 0
-    assert sorted(seen.local) == [0, 1]
+        assert _run([_request(tmp_path / "k.py"), None] * 3, threads=2) == (0, list(range(6)))
+
+
+def test_a_cancelled_session_runs_no_queued_job() -> None:
+    """Closing with cancel (a kernel failed to render) drops the queued jobs and waits
+    only for the running one."""
+    started, release = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def blocking() -> None:
+        started.set()
+        release.wait(30)
+        ran.append(0)
+
+    with config.scope(compile_workers=0):
+        session = compile_pool.CompileSession(threads=1)
+        session.add(None, blocking)
+        assert started.wait(30)
+        for i in range(1, 4):
+            session.add(None, functools.partial(ran.append, i))
+        closer = threading.Thread(target=session.close, kwargs={"cancel": True})
+        closer.start()
+        deadline = time.monotonic() + 30
+        while session._pending.qsize() != 1 and time.monotonic() < deadline:  # the stop mark
+            time.sleep(0.01)
+        release.set()
+        closer.join(30)
+    assert not closer.is_alive()
+    assert ran == [0]
 
 
 def test_workers_exit_when_closed() -> None:

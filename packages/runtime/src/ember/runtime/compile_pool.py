@@ -229,70 +229,73 @@ def cuda_target(device: torch.device) -> tuple[str, int, int] | None:
     return ("cuda", major * 10 + minor, 32)
 
 
-def ready_workers() -> int:
-    return sum(w.ready.is_set() and w.process.poll() is None for w in _workers)
+class CompileSession:
+    """Compiles jobs while they are still being added, so the caller can render and
+    capture the next kernels meanwhile:
 
+        session = CompileSession(threads=8)
+        session.add(request, here)  # request: a CompileRequest, or None
+        ...
+        session.close()  # waits for every job
 
-def compile_all(
-    requests: Sequence[CompileRequest | None],
-    local: Callable[[int], None],
-    load: Callable[[int], None],
-    threads: int,
-) -> int:
-    """Compile every job: `requests[i]` describes job i for a worker (None: it can only
-    be compiled here). Ready workers take requests from a shared queue and, once one
-    compiled, call `load(i)` to load its binary from Triton's cache into this process.
-    Threads here call `local(i)` (compile here) for the rest, and for any job a worker
-    failed on, so that its error is reported where it happens: `threads` of them
-    without ready workers, two beside them (threads here scale poorly, see above).
-    Returns how many jobs workers compiled.
+    A job is a request for a worker (None: it can only be compiled here) and `here`, a
+    callable that compiles the job in this process or, after a worker compiled it,
+    loads the binary from Triton's cache (the same warm-up does both). Workers that
+    are ready when the session opens take requests from a shared queue; a job a
+    worker failed on runs `here` instead, where its error (if any) is reported.
+    Without ready workers, `threads` threads here take the jobs. With workers there are
+    no such threads: compiles in this process scale poorly (see above), and they would
+    hold up the loading.
 
     Workers still starting take no part: waiting for them would cost a small graph
     more than compiling it here, and they are ready for the next graph."""
-    pending: queue.Queue[int] = queue.Queue()
-    for i in range(len(requests)):
-        pending.put(i)
-    remote: list[int] = []
 
-    def next_job(for_worker: bool) -> int | None:
-        while True:
-            try:
-                i = pending.get_nowait()
-            except queue.Empty:
-                return None
-            if for_worker and requests[i] is None:
-                local(i)  # a worker cannot take it: compile it here, then look on
+    def __init__(self, threads: int) -> None:
+        self._pending: queue.Queue[tuple[CompileRequest | None, Callable[[], None]] | None]
+        self._pending = queue.Queue()
+        self.by_workers = 0
+        self._lock = threading.Lock()
+        ready = [w for w in _workers if w.ready.is_set() and w.process.poll() is None]
+        self.workers = len(ready)
+        self._threads = [threading.Thread(target=self._feed, args=(w,)) for w in ready]
+        if not ready:
+            self._threads = [threading.Thread(target=self._work_here) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def add(self, request: CompileRequest | None, here: Callable[[], None]) -> None:
+        self._pending.put((request if self.workers else None, here))
+
+    def close(self, cancel: bool = False) -> None:
+        """Wait for every job (with `cancel`, for the running ones only)."""
+        if cancel:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._pending.get_nowait()
+        for _ in self._threads:
+            self._pending.put(None)
+        for t in self._threads:
+            t.join()
+
+    def _feed(self, worker: _Worker) -> None:
+        while (job := self._pending.get()) is not None:
+            request, here = job
+            if request is None:
+                here()
                 continue
-            return i
-
-    def feed(worker: _Worker) -> None:
-        while (i := next_job(for_worker=True)) is not None:
-            request = requests[i]
-            assert request is not None
             sent = time.perf_counter()
             reply = worker.run(request.message())
             replied = time.perf_counter()
             _add("in workers", replied - sent)
+            here()
             if reply == "ok":
-                remote.append(i)
-                load(i)
                 _add("loading", time.perf_counter() - replied)
-            else:
-                local(i)
+                with self._lock:
+                    self.by_workers += 1
 
-    def work_here() -> None:
-        while (i := next_job(for_worker=False)) is not None:
-            local(i)
-
-    ready = [w for w in _workers if w.ready.is_set() and w.process.poll() is None]
-    pool = [threading.Thread(target=feed, args=(w,)) for w in ready]
-    here = min(2, threads) if ready else threads
-    pool += [threading.Thread(target=work_here) for _ in range(max(1, here))]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return len(remote)
+    def _work_here(self) -> None:
+        while (job := self._pending.get()) is not None:
+            job[1]()
 
 
 def _close_all() -> None:

@@ -44,8 +44,10 @@ _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes
 # in any CompileRecord.
 first_launch_seconds = [0.0]
 # What `precompile` did, summed over graphs, for compile-time profiles.
+# "compile s" runs from the first kernel's rendering to the last compile; "waiting s"
+# is its part after the last kernel was rendered.
 precompile_stats = dict.fromkeys(
-    ("capture s", "compile s", "jobs", "captured", "by workers", "ready workers"), 0.0
+    ("capture s", "waiting s", "compile s", "jobs", "by workers", "ready workers"), 0.0
 )
 
 
@@ -57,63 +59,81 @@ def compile_triton_kernels(
     kernels: Sequence[FusedKernel | TritonKernel], *, cache_dir: Path, debug: bool = False
 ) -> dict[str, Callable[..., None]]:
     """A launcher per kernel name. Rendering errors (`UnsupportedKernelError`)
-    propagate, so the caller can fall back for the graph."""
+    propagate, so the caller can fall back for the graph. On a GPU, each kernel's
+    configs start compiling as soon as it is rendered (`Precompiler`)."""
     launchers: dict[str, TritonLauncher] = {}
-    devices: dict[str, torch.device] = {}
-    for kernel in kernels:
-        rendered = (
-            kernel if isinstance(kernel, TritonKernel) else render_kernel(kernel, debug=debug)
-        )
-        module = load_kernel_module(rendered.source, Path(cache_dir))
-        launchers[rendered.name] = TritonLauncher(rendered, module)
-        if isinstance(kernel, FusedKernel):
-            devices[rendered.name] = kernel.device
-    if not interpreting() and torch.cuda.is_available():
-        precompile([(launchers[n], d) for n, d in devices.items()])
+    precompiler = Precompiler() if not interpreting() and torch.cuda.is_available() else None
+    try:
+        for kernel in kernels:
+            rendered = (
+                kernel if isinstance(kernel, TritonKernel) else render_kernel(kernel, debug=debug)
+            )
+            module = load_kernel_module(rendered.source, Path(cache_dir))
+            launcher = launchers[rendered.name] = TritonLauncher(rendered, module)
+            if precompiler is not None and isinstance(kernel, FusedKernel):
+                precompiler.add(launcher, kernel.device)
+    except BaseException:
+        if precompiler is not None:
+            precompiler.finish(cancel=True)
+        raise
+    if precompiler is not None:
+        precompiler.finish()
     return dict(launchers)
 
 
-def precompile(work: Sequence[tuple[TritonLauncher, torch.device]]) -> None:
-    """Compile every candidate config of every distinct kernel source before the
+class Precompiler:
+    """Compiles every candidate config of every distinct kernel source before the
     first call, so the first call finds the binaries in Triton's in-memory cache.
 
     Triton compiles lazily at a kernel's first launch, one config after another while
     the first call tunes: a graph of forty kernels with four configs each spent 30 s
-    there on an H100 (GPT-2). Here the compiles run at once: in the worker processes of
-    ember.runtime.compile_pool where they are ready (each compile request is captured
-    here, compiled there into Triton's disk cache, and loaded here), otherwise in
-    threads here. Sizes are specialised by type only (do_not_specialize), so a sample
-    value of each size symbol (64, an i32) matches real calls; a call needing 64-bit
-    sizes compiles its own variant lazily. Failures are ignored here: the lazy path
-    reports them (or skips a config that does not fit) as before.
+    there on an H100 (GPT-2). Here the compiles run at once, and start while the
+    graph's later kernels are still being rendered: in the worker processes of
+    ember.runtime.compile_pool where they are ready (each compile is captured here,
+    compiled there into Triton's disk cache, and loaded here), otherwise in threads
+    here. A kernel's configs are all captured before any of them is queued: a capture
+    swaps an attribute of the jit function that a thread loading the same function
+    would otherwise see. Sizes are specialised by type only (do_not_specialize), so a
+    sample value of each size symbol (64, an i32) matches real calls; a call needing
+    64-bit sizes compiles its own variant lazily. Failures are ignored here: the lazy
+    path reports them (or skips a config that does not fit) as before.
     """
-    jobs: dict[tuple[str, LaunchConfig], tuple[TritonLauncher, LaunchConfig, torch.device]] = {}
-    for launcher, device in work:
-        if device.type == "cuda":
-            for candidate in launcher.kernel.configs:
-                jobs.setdefault((launcher.digest, candidate), (launcher, candidate, device))
-    if not jobs:
-        return
-    entries = list(jobs.values())
-    start = time.perf_counter()
-    requests: list[compile_pool.CompileRequest | None] = [None] * len(entries)
-    ready = compile_pool.ready_workers()
-    if ready:
-        for i, (launcher, candidate, device) in enumerate(entries):
-            warm = functools.partial(_warm_up, launcher, candidate, device)
-            requests[i] = compile_pool.capture(launcher.fn, launcher.path, device.index or 0, warm)
-    captured = time.perf_counter()
 
-    def compile_here(i: int) -> None:  # also loads what a worker compiled: a cache hit
-        _warm(*entries[i])
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._seen: set[tuple[str, LaunchConfig]] = set()
+        self._session = compile_pool.CompileSession(threads=8)
+        self._capturing = 0.0
 
-    remote = compile_pool.compile_all(requests, compile_here, compile_here, threads=8)
-    precompile_stats["capture s"] += captured - start
-    precompile_stats["compile s"] += time.perf_counter() - captured
-    precompile_stats["jobs"] += len(entries)
-    precompile_stats["captured"] += sum(r is not None for r in requests)
-    precompile_stats["by workers"] += remote
-    precompile_stats["ready workers"] = max(precompile_stats["ready workers"], ready)
+    def add(self, launcher: TritonLauncher, device: torch.device) -> None:
+        if device.type != "cuda":
+            return
+        start = time.perf_counter()
+        jobs = []
+        for candidate in launcher.kernel.configs:
+            if (launcher.digest, candidate) in self._seen:
+                continue
+            self._seen.add((launcher.digest, candidate))
+            here = functools.partial(_warm, launcher, candidate, device)
+            request = None
+            if self._session.workers:
+                warm = functools.partial(_warm_up, launcher, candidate, device)
+                request = compile_pool.capture(launcher.fn, launcher.path, device.index or 0, warm)
+            jobs.append((request, here))
+        self._capturing += time.perf_counter() - start
+        for request, here in jobs:
+            self._session.add(request, here)
+
+    def finish(self, cancel: bool = False) -> None:
+        waited = time.perf_counter()
+        self._session.close(cancel)
+        stats = precompile_stats
+        stats["capture s"] += self._capturing
+        stats["waiting s"] += time.perf_counter() - waited
+        stats["compile s"] += time.perf_counter() - self._start
+        stats["jobs"] += len(self._seen)
+        stats["by workers"] += self._session.by_workers
+        stats["ready workers"] = max(stats["ready workers"], self._session.workers)
 
 
 def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
