@@ -36,6 +36,7 @@ import contextlib  # noqa: E402
 import importlib.util  # noqa: E402
 import os  # noqa: E402
 import pickle  # noqa: E402
+import warnings  # noqa: E402
 from typing import IO, Any  # noqa: E402
 
 import triton  # noqa: E402
@@ -102,6 +103,9 @@ def serve(requests: IO[bytes], replies: IO[bytes], target: tuple[str, int, int] 
 
 
 def main(argv: list[str]) -> None:
+    # Sixteen workers would print each of Triton's warnings sixteen times on the
+    # user's terminal; what goes wrong in a compile comes back in the reply instead.
+    warnings.simplefilter("ignore")
     target = (argv[0], int(argv[1]), int(argv[2])) if len(argv) == 3 else None
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
