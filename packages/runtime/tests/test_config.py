@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -37,3 +38,19 @@ def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unknown_setting_is_an_error() -> None:
     with pytest.raises(KeyError, match="unknown ember settings"), EmberConfig().scope(nope=1):
         pass
+
+
+@pytest.mark.parametrize(
+    ("cores", "ranks", "workers"),
+    [(16, None, 15), (16, "8", 1), (64, None, 16), (2, None, 1), (1, None, 0), (16, "x", 15)],
+)
+def test_compile_workers_default_to_the_cores_left_per_local_rank(
+    monkeypatch: pytest.MonkeyPatch, cores: int, ranks: str | None, workers: int
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)), raising=False)
+    if ranks is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
+    monkeypatch.delenv("EMBER_COMPILE_WORKERS", raising=False)
+    assert EmberConfig().compile_workers == workers

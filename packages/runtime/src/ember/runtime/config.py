@@ -28,9 +28,14 @@ def _parse_bool(text: str) -> bool:
 
 def _default_compile_workers() -> int:
     """One Triton compile worker per core but one (this process traces meanwhile), at
-    most 16."""
+    most 16, shared among the processes a launcher started on this machine
+    (LOCAL_WORLD_SIZE, set by torchrun: eight ranks on 16 cores get one worker each)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(0, min(16, (cores or 1) - 1))
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(0, min(16, ((cores or 1) - ranks) // ranks))
 
 
 def _choice(text: str, allowed: tuple[str, ...]) -> str:
