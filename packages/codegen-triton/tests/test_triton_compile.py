@@ -101,3 +101,41 @@ def _x(*shape: int) -> torch.Tensor:
 )
 def test_compiles_for_sm90(name: str, fn: Any, args: tuple[Any, ...], options: Any) -> None:
     assert _compile(fn, *args, **options)
+
+
+def _attention_output(x: torch.Tensor) -> torch.Tensor:
+    """Attention's output back to [batch, sequence, heads * head_dim] in bf16 (BERT's
+    math-SDPA path: a [B, H, S, D] float32 bmm result, transposed and merged)."""
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1).to(torch.bfloat16)
+
+
+def test_merged_head_copy_loads_16_bytes_at_a_time() -> None:
+    """[B, H, S, D] -> [B, S, H*D] with H*D = 768 (not a power of two): the store's
+    last variable (range 768) is split into heads and head_dim for the load, so the
+    index has no `% 768` followed by `// 64` and `% 64`, which Triton cannot see
+    through (it loaded one float32 at a time: 8 x ld.global.b32 per thread)."""
+    import importlib.util
+    import re
+
+    (kernel,) = fused_kernels(_attention_output, randn(2, 12, 16, 64))
+    rendered = render_kernel(kernel)
+    assert rendered.kind == "pointwise"
+    assert "[2 x 16 x 12 x 64]" in rendered.source
+    (load,) = [line for line in rendered.source.splitlines() if "tl.load" in line]
+    assert "//" not in load and "%" not in load
+    path = Path(tempfile.mkdtemp()) / f"{rendered.function_name}.py"
+    path.write_text(rendered.source)
+    spec = importlib.util.spec_from_file_location(rendered.function_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    jit = getattr(module, rendered.function_name)
+    types = ["*fp32", "*bf16"]
+    signature = dict(zip(jit.arg_names, [*types, "constexpr"], strict=True))
+    aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}  # as launches
+    config = rendered.configs[0]
+    source = ASTSource(jit, signature, constexprs=dict(config.blocks), attrs=aligned)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    loads = re.findall(r"ld\.global[\w.]*", ptx)
+    assert loads and all(".v4." in load for load in loads), loads

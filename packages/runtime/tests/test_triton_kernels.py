@@ -142,6 +142,14 @@ CASES: dict[str, Case] = {
     "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
     "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),
     "transpose3d": (lambda x: x.permute(0, 2, 1).contiguous() + 1, _args((3, 20, 33)), {}),
+    # heads merged back ([B, H, S, D] -> [B, S, H*D], H*D = 36 not a power of two): the
+    # codegen splits the merged variable into heads and head_dim (codegen.triton.regroup);
+    # float32 throughout: the interpreter's bfloat16 rounding is not the GPU's
+    "merge_heads": (
+        lambda x: x.transpose(1, 2).reshape(2, 5, 36) * 2,
+        _args((2, 3, 5, 12)),
+        {"atol": 0, "rtol": 0},
+    ),
     "sum_rows": (lambda x: x.sum(-1), _args((9, 300)), {}),
     "sum_cols": (lambda x: x.sum(0), _args((300, 9)), {}),
     "max_argmax": (lambda x: (x.amax(-1), x.argmax(-1), x.argmin(-1)), _nan_rows, {}),

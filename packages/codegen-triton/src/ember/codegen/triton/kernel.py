@@ -31,6 +31,7 @@ from ember.codegen.triton.plan import (
 from ember.codegen.triton.pointwise import render_pointwise, render_scatter
 from ember.codegen.triton.printer import UnsupportedKernelError, sanitize
 from ember.codegen.triton.reduction import ReductionRenderer
+from ember.codegen.triton.regroup import split_divided_variables
 from ember.codegen.triton.skeleton import decorator, parameters, setup_axes
 from ember.scheduler import FusedKernel
 
@@ -82,6 +83,14 @@ def render_kernel(
     repeated twelve times render to one source, which the runtime compiles once."""
     positional = _positional(kernel)  # rendered; the launch contract keeps real names
     plan = plan_kernel(positional, reduction=reduction)
+    if plan.kind == POINTWISE:
+        # the same points in the same order, with indices Triton can vectorize
+        # (ember.codegen.triton.regroup); kept only where the tiling stays 1-D
+        split = split_divided_variables(positional)
+        if split is not positional:
+            split_plan = plan_kernel(split)
+            if split_plan.kind == POINTWISE:
+                positional, plan = split, split_plan
     body = BodyRenderer(positional, plan, debug=debug)
     scope = Scope()
     setup_axes(plan, body.printer, scope)
