@@ -128,7 +128,18 @@ def _safe_softmax(scores: torch.Tensor, mask: torch.Tensor) -> Any:
     return torch.softmax(a, -1), (a == float("-inf")).logical_not().any(-1)
 
 
+def _causal_safe_softmax(scores: torch.Tensor) -> Any:
+    """BERT's attention on the GPU: math SDPA's safe softmax of scores masked by an
+    index-built mask; the final where (all-masked rows give 0) is the softmax
+    kernel's epilogue over a loop merged to [B*H*Q, K] (scheduler _space_map runs)."""
+    q = torch.arange(scores.shape[2], device=scores.device)[:, None]
+    k = torch.arange(scores.shape[3], device=scores.device)[None, :]
+    masked = torch.where(q >= k, scores, float("-inf"))
+    return torch.ops.aten._safe_softmax(masked, -1)
+
+
 CASES: dict[str, Case] = {
+    "safe_softmax_epilogue": (_causal_safe_softmax, _args((2, 3, 8, 8)), {"atol": 1e-6}),
     # session 4: a channels-last output iterated in storage order; an unrolled 3x3
     # max pool with eager's indices; a broadcast-mask sum read back by a softmax as
     # its prologue (indices through floors and mods of the softmax's own index)
@@ -331,7 +342,8 @@ def run_case(name: str, device: str) -> dict[str, Any]:
                 expected = list(expected) if isinstance(expected, tuple) else [expected]
                 _compare(actual, expected, max(atol, 1e-5), max(rtol, 1e-4))
     partials = sum(1 for n in schedule.program.nodes if n.name.endswith("_partial"))
-    return {"case": name, "ok": True, "kinds": kinds, "partials": partials}
+    count = len(schedule.kernels)
+    return {"case": name, "ok": True, "kinds": kinds, "partials": partials, "kernels": count}
 
 
 # -- CPU: the interpreter, in a subprocess ----------------------------------------------
@@ -378,6 +390,14 @@ def test_kernel_kinds_are_covered(interpreter_results: dict[str, dict[str, Any]]
     kinds = {k for r in interpreter_results.values() for k in r.get("kinds", [])}
     expected = {"pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction", "scatter"}
     assert expected <= kinds
+
+
+def test_safe_softmax_where_is_the_softmax_epilogue(
+    interpreter_results: dict[str, dict[str, Any]],
+) -> None:
+    """One kernel: the where over the merged [B*H*Q, K] loop maps onto the softmax's
+    [B*H, Q] x [K] (BERT's second pass over its fp32 scores on the GPU)."""
+    assert interpreter_results["safe_softmax_epilogue"]["kernels"] == 1
 
 
 def test_split_case_splits(interpreter_results: dict[str, dict[str, Any]]) -> None:
