@@ -34,8 +34,21 @@ _POINTER = {
 }
 
 
-def _compile(fn: Any, *args: Any, debug: bool = False, **render: Any) -> str:
+def _load_jit(rendered: Any) -> Any:
+    """The @triton.jit function of a rendered kernel, imported from a file of its own
+    (Triton's jit reads real source files)."""
     import importlib.util
+
+    path = Path(tempfile.mkdtemp()) / f"{rendered.function_name}.py"
+    path.write_text(rendered.source)
+    spec = importlib.util.spec_from_file_location(rendered.function_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, rendered.function_name)
+
+
+def _compile(fn: Any, *args: Any, debug: bool = False, **render: Any) -> str:
 
     kernels = fused_kernels(fn, *args)
     dtypes = {f"{n}_1": a.dtype for n, a in zip("xyzwvu", args, strict=False)}
@@ -44,14 +57,7 @@ def _compile(fn: Any, *args: Any, debug: bool = False, **render: Any) -> str:
         for m in kernel.members:
             dtypes[m.name] = m.layout.dtype
         rendered = render_kernel(kernel, debug=debug, **(render if kernel.is_reduction else {}))
-        directory = Path(tempfile.mkdtemp())
-        path = directory / f"{rendered.function_name}.py"
-        path.write_text(rendered.source)
-        spec = importlib.util.spec_from_file_location(rendered.function_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        jit = getattr(module, rendered.function_name)
+        jit = _load_jit(rendered)
         types = [_POINTER[dtypes.get(b, torch.int64)] for b in rendered.buffer_arguments]
         types += ["i64"] * (len(rendered.size_arguments) + len(rendered.bounds_arguments))
         names = jit.arg_names
@@ -114,7 +120,6 @@ def test_merged_head_copy_loads_16_bytes_at_a_time() -> None:
     last variable (range 768) is split into heads and head_dim for the load, so the
     index has no `% 768` followed by `// 64` and `% 64`, which Triton cannot see
     through (it loaded one float32 at a time: 8 x ld.global.b32 per thread)."""
-    import importlib.util
     import re
 
     (kernel,) = fused_kernels(_attention_output, randn(2, 12, 16, 64))
@@ -123,13 +128,7 @@ def test_merged_head_copy_loads_16_bytes_at_a_time() -> None:
     assert "[2 x 16 x 12 x 64]" in rendered.source
     (load,) = [line for line in rendered.source.splitlines() if "tl.load" in line]
     assert "//" not in load and "%" not in load
-    path = Path(tempfile.mkdtemp()) / f"{rendered.function_name}.py"
-    path.write_text(rendered.source)
-    spec = importlib.util.spec_from_file_location(rendered.function_name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    jit = getattr(module, rendered.function_name)
+    jit = _load_jit(rendered)
     types = ["*fp32", "*bf16"]
     signature = dict(zip(jit.arg_names, [*types, "constexpr"], strict=True))
     aligned = {(i,): [["tt.divisibility", 16]] for i in range(len(types))}  # as launches
