@@ -130,9 +130,8 @@ def _safe_softmax(scores: torch.Tensor, mask: torch.Tensor) -> Any:
 
 def _causal_safe_softmax(scores: torch.Tensor) -> Any:
     """BERT's attention on the GPU: math SDPA's safe softmax of scores masked by an
-    index-built mask. The final where (rows all masked give 0) runs as a second
-    kernel over a loop merged to [B*H*Q, K]: making it the softmax's epilogue (branch
-    bertmask) split resnet50's training batch-norm prologues, so it is not merged."""
+    index-built mask; the final where (all-masked rows give 0) is the softmax
+    kernel's epilogue over a loop merged to [B*H*Q, K] (scheduler _space_map, partial)."""
     q = torch.arange(scores.shape[2], device=scores.device)[:, None]
     k = torch.arange(scores.shape[3], device=scores.device)[None, :]
     masked = torch.where(q >= k, scores, float("-inf"))
@@ -391,6 +390,14 @@ def test_kernel_kinds_are_covered(interpreter_results: dict[str, dict[str, Any]]
     kinds = {k for r in interpreter_results.values() for k in r.get("kinds", [])}
     expected = {"pointwise", "pointwise_2d", "persistent_reduction", "looped_reduction", "scatter"}
     assert expected <= kinds
+
+
+def test_safe_softmax_where_is_the_softmax_epilogue(
+    interpreter_results: dict[str, dict[str, Any]],
+) -> None:
+    """One kernel: the where over the merged [B*H*Q, K] loop maps onto the softmax's
+    [B*H, Q] x [K] (BERT's second pass over its fp32 scores on the GPU)."""
+    assert interpreter_results["safe_softmax_epilogue"]["kernels"] == 1
 
 
 def test_split_case_splits(interpreter_results: dict[str, dict[str, Any]]) -> None:

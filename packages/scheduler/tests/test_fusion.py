@@ -350,3 +350,24 @@ def test_a_prologue_that_maps_dimension_by_dimension_keeps_plain_indices(
     assert {str(n.index) for n in loads if n.buffer == "b_1"} == {"i0"}
     for actual, expected in zip(run_schedule(sched, [x, b]), f(x, b), strict=True):
         torch.testing.assert_close(actual, expected)
+
+
+def test_space_map_splits_a_partly_merged_loop_over_runs_of_kernel_dimensions() -> None:
+    """A pointwise loop merged to [B*H*Q, K] (a broadcast operand kept K apart) maps
+    onto a softmax kernel over [B*H, Q] x [K]: i0 -> i0*Q + i1, i1 -> r0 (the
+    safe-softmax epilogue beside an index-built attention mask). Only for epilogues
+    (`partial`): as prologues such maps split resnet50's batch-norm backward sums."""
+    import sympy
+
+    from ember.ir.symbolic import index_var
+    from ember.scheduler.fusion import _space_map
+
+    S = sympy.Integer
+    i0, i1, r0 = index_var("i", 0), index_var("i", 1), index_var("r", 0)
+    got = _space_map((S(98304), S(512)), (S(192), S(512)), (S(512),), partial=True)
+    assert got == ({i0: 512 * i0 + i1, i1: r0}, True)
+    assert _space_map((S(98304), S(512)), (S(192), S(512)), (S(512),)) is None  # a prologue
+    got = _space_map((S(6), S(4)), (S(2), S(3)), (S(4),), partial=True)
+    assert got == ({i0: 3 * i0 + i1, i1: r0}, True)
+    assert _space_map((S(5), S(4)), (S(2), S(3)), (S(4),), partial=True) is None  # no run: 5
+    assert _space_map((S(24),), (S(2), S(3)), (S(4),)) == ({i0: 12 * i0 + 4 * i1 + r0}, True)

@@ -93,32 +93,68 @@ def _kind(buffer: ComputedBuffer) -> str:
 
 
 def _space_map(
-    src: tuple[sympy.Expr, ...], outer: tuple[sympy.Expr, ...], inner: tuple[sympy.Expr, ...]
+    src: tuple[sympy.Expr, ...],
+    outer: tuple[sympy.Expr, ...],
+    inner: tuple[sympy.Expr, ...],
+    partial: bool = False,
 ) -> tuple[dict[sympy.Symbol, sympy.Expr], bool] | None:
     """How a pointwise loop over `src` (variables i0..) maps onto a kernel space of
     `outer` (i0..) and `inner` (r0..) dimensions: (variable mapping, covers inner).
 
     Either dimension by dimension (`src` is `outer`, or `outer ++ inner`), or, when the
-    loop was merged into one dimension, by splitting that dimension row-major over the
-    kernel's: i0 -> i0 * (...) + ... + r0, exact because every index is affine in it."""
+    loop was merged into fewer dimensions, by splitting each of its dimensions row-major
+    over a run of consecutive kernel dimensions whose product it is: i0 -> i0 * (...) +
+    ... + r0, exact because every index is affine in it. A loop merged into one
+    dimension is the plain case; a loop whose merging stopped at a broadcast operand
+    ([B*H*Q, K] beside a softmax kernel over [B*H, Q] x [K]) is the partial one."""
     if src == outer:
         return {}, False
     if inner and src == (*outer, *inner):
         return {index_var("i", len(outer) + j): index_var("r", j) for j in range(len(inner))}, True
-    if len(src) != 1:
+    if len(src) != 1 and not partial:
         return None
     for target, covers_inner in (((*outer, *inner), True), (outer, False)):
-        if len(target) < 2 or (covers_inner and not inner):
-            continue
-        if sympy.expand(src[0] - product(target)) != 0:
+        if len(target) <= len(src) or (covers_inner and not inner):
             continue
         names = [index_var("i", k) for k in range(len(outer))]
         names += [index_var("r", k) for k in range(len(inner))] if covers_inner else []
-        linear: sympy.Expr = sympy.Integer(0)
-        for k, name in enumerate(names):
-            linear = linear + name * product(target[k + 1 :])
-        return {index_var("i", 0): sympy.expand(linear)}, covers_inner
+        runs = _runs(src, target)
+        if runs is None:
+            continue
+        mapping: dict[sympy.Symbol, sympy.Expr] = {}
+        for j, (start, stop) in enumerate(runs):
+            linear: sympy.Expr = sympy.Integer(0)
+            for k in range(start, stop):
+                linear = linear + names[k] * product(target[k + 1 : stop])
+            mapping[index_var("i", j)] = sympy.expand(linear)
+        return mapping, covers_inner
     return None
+
+
+def _runs(
+    src: tuple[sympy.Expr, ...], target: tuple[sympy.Expr, ...]
+) -> list[tuple[int, int]] | None:
+    """Consecutive [start, stop) runs of `target` whose products are `src`'s dimensions
+    in order, covering all of `target` (None: there are none). Size-1 target
+    dimensions after the last run join it."""
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for size in src:
+        stop = start
+        acc: sympy.Expr = sympy.Integer(1)
+        while stop < len(target):
+            acc = sympy.expand(acc * target[stop])
+            stop += 1
+            if sympy.expand(acc - size) == 0:
+                break
+        else:
+            return None
+        runs.append((start, stop))
+        start = stop
+    if not runs or any(target[k] != 1 for k in range(start, len(target))):
+        return None
+    runs[-1] = (runs[-1][0], len(target))
+    return runs
 
 
 @dataclass(frozen=True)
@@ -238,7 +274,9 @@ def _var_map(
         return None
     if not isinstance(loop, Pointwise):
         return None
-    return _space_map(loop.ranges, ranges, reduction_ranges)
+    # partly merged loops map only here, where a later buffer joins a group (an
+    # epilogue): as prologues they split resnet50's batch-norm backward sums apart
+    return _space_map(loop.ranges, ranges, reduction_ranges, partial=True)
 
 
 class Fuser:
