@@ -101,7 +101,7 @@ def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) ->
         _request(tmp_path / "missing.py"),
         _request(source, "absent"),
     ]
-    failures = [workers[0].run(r.message()) for r in requests]
+    failures = [workers[0].run(r.payload) for r in requests]
     assert all(f.startswith("error: ") for f in failures), failures
     assert "AttributeError" in failures[2]
     assert _run(requests) == (0, [0, 1, 2])

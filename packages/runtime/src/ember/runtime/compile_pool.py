@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
-import os
 import pickle
 import queue
 import subprocess
@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -66,17 +66,10 @@ class CompileRequest:
     target: tuple[str, Any, int]  # Triton's GPUTarget: backend, arch, warp size
     options: dict[str, Any]
 
-    def message(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "module": self.module,
-            "function": self.function,
-            "signature": self.signature,
-            "constants": self.constants,
-            "attrs": self.attrs,
-            "target": self.target,
-            "options": self.options,
-        }
+    @functools.cached_property
+    def payload(self) -> bytes:
+        """The request as a worker reads it: its fields, pickled (once)."""
+        return pickle.dumps({f.name: getattr(self, f.name) for f in fields(self)})
 
 
 class _Captured(Exception):
@@ -146,7 +139,7 @@ def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
             target=(target.backend, target.arch, target.warp_size),
             options=dict(options),
         )
-        pickle.dumps(request.message())  # a value a worker cannot receive: compile here
+        request.payload  # noqa: B018  # a value a worker cannot receive: compile here
     except Exception as exc:
         log.debug("no compile capture for %s: %r", path, exc)
         return None
@@ -160,7 +153,6 @@ class _Worker:
             [sys.executable, str(_WORKER_SCRIPT), *arguments],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=os.environ.copy(),
         )
         self.ready = threading.Event()  # set once the worker has done its first compile
         threading.Thread(target=self._wait_ready, daemon=True).start()
@@ -174,12 +166,12 @@ class _Worker:
         assert self.process.stdout is not None
         return str(pickle.load(self.process.stdout))
 
-    def run(self, request: dict[str, Any]) -> str:
-        """'ok', or what went wrong."""
+    def run(self, payload: bytes) -> str:
+        """Compile a request (its `payload`): 'ok', or what went wrong."""
         stdin = self.process.stdin
         assert stdin is not None
         try:
-            pickle.dump(request, stdin)
+            stdin.write(payload)
             stdin.flush()
             return self._read()
         except EOFError:
@@ -284,7 +276,7 @@ class CompileSession:
                 here()
                 continue
             sent = time.perf_counter()
-            reply = worker.run(request.message())
+            reply = worker.run(request.payload)
             replied = time.perf_counter()
             _add("in workers", replied - sent)
             here()

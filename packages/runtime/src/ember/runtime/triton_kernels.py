@@ -43,7 +43,7 @@ _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes
 # compile-time profiles: Triton compiles lazily, so this part of a cold start is not
 # in any CompileRecord.
 first_launch_seconds = [0.0]
-# What `precompile` did, summed over graphs, for compile-time profiles.
+# What `Precompiler`s did, summed over graphs, for compile-time profiles.
 # "compile s" runs from the first kernel's rendering to the last compile; "waiting s"
 # is its part after the last kernel was rendered.
 precompile_stats = dict.fromkeys(

@@ -106,7 +106,9 @@ def _space_map(
     over a run of consecutive kernel dimensions whose product it is: i0 -> i0 * (...) +
     ... + r0, exact because every index is affine in it. A loop merged into one
     dimension is the plain case; a loop whose merging stopped at a broadcast operand
-    ([B*H*Q, K] beside a softmax kernel over [B*H, Q] x [K]) is the partial one."""
+    ([B*H*Q, K] beside a softmax kernel over [B*H, Q] x [K]) is the partial one, mapped
+    only with `partial` (epilogues: as prologues such maps split resnet50's batch-norm
+    backward sums apart)."""
     if src == outer:
         return {}, False
     if inner and src == (*outer, *inner):
