@@ -4,6 +4,7 @@ clearly, plans and configs follow the kernel's shape, sources are valid Python."
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import replace
 
 import pytest
@@ -143,3 +144,24 @@ def test_repeated_layers_render_to_one_source() -> None:
         lambda x, w: torch.softmax(x * 3.0, -1) @ w, randn(8, 64), randn(64, 64)
     )
     assert render_kernel(different[0]).source != one.source
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_literals_round_as_torch_stores_them(dtype: torch.dtype) -> None:
+    """`round_to` (no tensors: kernels render under fake-tensor tracing) gives what a
+    tensor of `dtype` holds, at ties, overflow, subnormals and double-rounding edges."""
+    import random
+
+    from ember.codegen.triton.printer import round_to
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 1e-45, 2.0**-25, 2.0**-25 * 1.0000001, 65519.99, 65520.0, 7e4,
+              3.39e38, 1e39, -1e39, 1.0 + 2**-8, 1.0 + 2**-8 + 2**-30, 1.0 + 2**-11 + 2**-40,
+              float("inf"), float("-inf")]  # fmt: skip
+    values += [
+        rng.choice([-1, 1]) * rng.random() * 2 ** rng.uniform(-140, 130) for _ in range(3000)
+    ]
+    for value in values:
+        expected = float(torch.tensor(value, dtype=dtype).item())
+        assert round_to(value, dtype) == expected, value
+    assert math.isnan(round_to(float("nan"), dtype))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +359,26 @@ def test_auto_partitioner_is_min_cut_on_cuda_and_save_all_on_cpu() -> None:
         assert partition_fn("cpu") is partitioners.default_partition
     with config.scope(partitioner="mincut"):
         assert partition_fn("cpu") is partitioners.min_cut_rematerialization_partition
+
+
+def test_compiling_imports_no_inductor_compiler(tmp_path: Path) -> None:
+    """Ember calls AOTAutograd itself: torch's `aot_autograd` backend helper imports
+    Inductor's debug module and with it Inductor's scheduler and IR (0.75 s of a fresh
+    process's first compile, H100 machine). A fresh process compiles and runs an
+    inference graph and a training step, then names the Inductor modules it holds."""
+    script = (
+        "import sys, torch, ember.runtime\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())\n"
+        "x = torch.randn(4, 8)\n"
+        "with torch.no_grad():\n"
+        "    torch.compile(m, backend='ember')(x)\n"
+        "torch.compile(m, backend='ember')(x).sum().backward()\n"
+        "print(sorted(k for k in ('torch._inductor.debug', 'torch._inductor.scheduler',\n"
+        "      'torch._inductor.ir', 'torch._inductor.graph') if k in sys.modules))\n"
+    )
+    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -9,6 +9,7 @@ the jit function (the real one needs a GPU: tests/cuda covers it).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -91,6 +92,33 @@ def test_a_worker_compiles_a_request_into_the_cache(tmp_path: Path, workers: Any
     assert _run(requests) == (2, [0, 1, 2])
     cubins = list((tmp_path / "triton-cache").rglob("double.cubin"))
     assert len(cubins) == 2  # one binary per block size
+
+
+def test_a_worker_builds_the_launcher_where_this_triton_needs_one(
+    tmp_path: Path, workers: Any
+) -> None:
+    """A request with `launcher` set also builds the kernel's C launcher into the cache,
+    on Tritons that build one per signature (3.6: `make_launcher`); later Tritons
+    launch through one generic launcher, and the worker builds nothing."""
+    import importlib
+
+    source = tmp_path / "k.py"
+    source.write_text(KERNEL)
+    request = dataclasses.replace(_request(source), launcher=True)
+    assert workers[0].run(request.payload) == "ok"
+    built = list((tmp_path / "triton-cache").rglob("__triton_launcher*"))
+    driver = importlib.import_module("triton.backends.nvidia.driver")
+    assert bool(built) == hasattr(driver, "make_launcher")
+
+
+def test_only_a_signatures_first_request_asks_for_its_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(compile_pool, "_signatures", set())
+    first = {"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    assert compile_pool._first_of_signature(first)
+    assert not compile_pool._first_of_signature(dict(first))
+    assert compile_pool._first_of_signature({"x": "*bf16", "n": "i32", "BLOCK": "constexpr"})
 
 
 def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) -> None:

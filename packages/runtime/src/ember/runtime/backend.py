@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import aot_module_simplified
 
 from ember.graphpasses import (
     channels_last_training,
@@ -93,11 +94,11 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
     # Hand-written attention -> SDPA on Dynamo's graph, so that AOTAutograd traces
     # SDPA's own backward too (after the split, the saved softmax blocks the ATen pattern).
     gm = rewrite_attention_pregrad(gm).graph_module
-    backend = aot_autograd(
+    options: dict[str, Any] = dict(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
-        decompositions=ember_decompositions(),  # type: ignore[arg-type]  # OpOverload keys
+        decompositions=ember_decompositions(),
         partition_fn=_channels_last_then(
             partition_fn("cuda" if on_cuda else "cpu"), config.layout_devices
         ),
@@ -105,7 +106,27 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
         # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
         keep_inference_input_mutations=True,
     )
-    return backend(gm, example_inputs, **kwargs)
+    if kwargs or any(isinstance(x, list | tuple | dict) for x in example_inputs):
+        # nested inputs: torch's helper flattens them first
+        return aot_autograd(**options)(gm, example_inputs, **kwargs)
+    return _aot(gm, example_inputs, options)
+
+
+def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any]) -> Any:
+    """AOTAutograd on Dynamo's graph, called directly rather than through torch's
+    `aot_autograd` backend helper: that helper imports Inductor's debug module (and
+    with it Inductor's scheduler and IR), 0.75 s of a fresh process's first compile on
+    the H100 machine, for logging ember does not use. What it does that matters is
+    kept: Dynamo must not trace the backward's compile nor the compiled functions
+    (`torch._dynamo.disable`)."""
+    backward = options["bw_compiler"]
+    disable: Callable[..., Any] = torch._dynamo.disable
+
+    def compile_backward(*args: Any, **kwargs: Any) -> Any:
+        return disable(disable(backward)(*args, **kwargs))
+
+    options["bw_compiler"] = compile_backward
+    return disable(aot_module_simplified(gm, example_inputs, **options))
 
 
 def register() -> None:

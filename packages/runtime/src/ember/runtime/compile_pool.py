@@ -65,6 +65,9 @@ class CompileRequest:
     attrs: dict[Any, Any]
     target: tuple[str, Any, int]  # Triton's GPUTarget: backend, arch, warp size
     options: dict[str, Any]
+    # whether the worker also builds the C launcher (the first request of its
+    # argument signature in this process; see compile_worker.build_launcher)
+    launcher: bool = False
 
     @functools.cached_property
     def payload(self) -> bytes:
@@ -138,12 +141,27 @@ def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
             attrs=dict(source.attrs),
             target=(target.backend, target.arch, target.warp_size),
             options=dict(options),
+            launcher=_first_of_signature(source.signature),
         )
         request.payload  # noqa: B018  # a value a worker cannot receive: compile here
     except Exception as exc:
         log.debug("no compile capture for %s: %r", path, exc)
         return None
     return request
+
+
+_signatures: set[tuple[str, ...]] = set()
+_signatures_lock = threading.Lock()
+
+
+def _first_of_signature(signature: Any) -> bool:
+    """Whether no request of this process had this argument signature (the types of
+    the arguments; a C launcher is built per signature) before."""
+    key = tuple(str(t) for t in dict(signature).values())
+    with _signatures_lock:
+        first = key not in _signatures
+        _signatures.add(key)
+    return first
 
 
 class _Worker:
@@ -205,12 +223,71 @@ def _add(key: str, seconds: float) -> None:
 
 
 def start(target: tuple[str, int, int] | None = None) -> int:
-    """Start the workers (once); how many there are. `target` (Triton's backend, arch,
-    warp size) lets each warm up by compiling for it before it says it is ready."""
+    """Start the workers (once) and, for a GPU `target` (Triton's backend, arch, warp
+    size), this process's own Triton set-up in the background (`prepare_here`); how
+    many workers there are. Each worker warms up by compiling for `target` before it
+    says it is ready."""
+    if target is not None:
+        prepare_here()
     if not _workers and config.compile_workers > 0:
         _workers.extend(_Worker(target) for _ in range(config.compile_workers))
         atexit.register(_close_all)
     return len(_workers)
+
+
+_preparing: list[threading.Thread] = []
+_driver_ready = threading.Event()
+_key_ready = threading.Event()
+
+
+def prepare_here() -> None:
+    """Start (once) a thread doing the one-time Triton work of this process that
+    would otherwise fall on the first compile, while Dynamo and AOTAutograd trace:
+
+    - Triton's CUDA driver object, which builds (or loads) Triton's C utilities; a
+      capture needs it (`wait_prepared("driver")`);
+    - Triton's cache key of itself (`triton_key`: a hash of its compiler's files and
+      its 100+ MB shared library), 1.3-2 s on the H100 machine; a compile or a load
+      needs it, a capture does not. It is computed once per process, but not under
+      a lock: in a fresh process every thread that loaded a kernel at once computed
+      it again (resnet50: 12.5 thread-s), so jobs wait for this one (`wait_prepared()`).
+
+    Both are cached by Triton, so this changes no result; a failure here is left to
+    the compile that needs the same thing, which reports it."""
+    if _preparing:
+        return
+    thread = threading.Thread(target=_prepare, name="ember-triton-prepare", daemon=True)
+    _preparing.append(thread)
+    thread.start()
+
+
+def _prepare() -> None:
+    try:
+        from triton.runtime import driver
+
+        driver.active.get_current_target()
+    except Exception:
+        pass
+    finally:
+        _driver_ready.set()
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+    except Exception:
+        pass
+    finally:
+        _key_ready.set()
+
+
+def wait_prepared(part: str = "all") -> float:
+    """Wait for `prepare_here`'s work, all of it or only the `"driver"` part (nothing
+    to wait for where it was not started); the seconds waited."""
+    if not _preparing:
+        return 0.0
+    start = time.perf_counter()
+    (_driver_ready if part == "driver" else _key_ready).wait()
+    return time.perf_counter() - start
 
 
 def cuda_target(device: torch.device) -> tuple[str, int, int] | None:

@@ -45,9 +45,19 @@ _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes
 first_launch_seconds = [0.0]
 # What `Precompiler`s did, summed over graphs, for compile-time profiles.
 # "compile s" runs from the first kernel's rendering to the last compile; "waiting s"
-# is its part after the last kernel was rendered.
+# is its part after the last kernel was rendered; "prepare wait s" is the wait for
+# `compile_pool.prepare_here`'s Triton set-up.
 precompile_stats = dict.fromkeys(
-    ("capture s", "waiting s", "compile s", "jobs", "by workers", "ready workers"), 0.0
+    (
+        "prepare wait s",
+        "capture s",
+        "waiting s",
+        "compile s",
+        "jobs",
+        "by workers",
+        "ready workers",
+    ),
+    0.0,
 )
 
 
@@ -104,10 +114,14 @@ class Precompiler:
         self._seen: set[tuple[str, LaunchConfig]] = set()
         self._session = compile_pool.CompileSession(threads=8)
         self._capturing = 0.0
+        self._prepared = False
 
     def add(self, launcher: TritonLauncher, device: torch.device) -> None:
         if device.type != "cuda":
             return
+        if not self._prepared:  # the first capture needs Triton's driver
+            precompile_stats["prepare wait s"] += compile_pool.wait_prepared("driver")
+            self._prepared = True
         start = time.perf_counter()
         jobs = []
         for candidate in launcher.kernel.configs:
@@ -144,7 +158,11 @@ def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.d
     Loading builds the binary's launcher, a C module per distinct argument signature
     that Triton compiles with the host C compiler the first time it sees one: five for
     resnet50, 0.37 s each, which ran one after another at the first call (H100
-    machine, cProfile). Here they build in parallel with the kernels' compiles."""
+    machine, cProfile). Here they build in parallel with the kernels' compiles.
+
+    It first waits for Triton's cache key (`compile_pool.prepare_here`), which every
+    thread loading at once would otherwise compute again."""
+    compile_pool.wait_prepared()
     with contextlib.suppress(Exception):
         compiled = _warm_up(launcher, launch_config, device)
         init_handles = getattr(compiled, "_init_handles", None)

@@ -11,6 +11,7 @@ Inductor makes too. Negative offsets only reach memory under a mask.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping
 
 import sympy
@@ -71,9 +72,32 @@ def literal(value: bool | int | float, dtype: torch.dtype) -> str:
         return "1" if value else "0"
     if dtype.is_floating_point:
         if dtype in LOW_PRECISION:
-            value = float(torch.tensor(float(value), dtype=dtype).item())
+            value = round_to(float(value), dtype)
         return float_literal(float(value))
     return str(int(value))
+
+
+def round_to(value: float, dtype: torch.dtype) -> float:
+    """`value` as torch stores it in float16 or bfloat16 (through float32, rounding to
+    nearest even; beyond the range, infinity), without making a tensor: kernels are
+    rendered while AOTAutograd traces, where a tensor is a fake one that costs 250 µs
+    to make (resnet50 rendered about 2000 literals this way, 0.5 s of its compile)."""
+    if math.isnan(value) or math.isinf(value):
+        return value
+    try:
+        single = struct.pack("<f", value)
+    except OverflowError:  # beyond float32: infinite in either format
+        return math.copysign(math.inf, value)
+    if dtype == torch.float16:
+        try:
+            return float(struct.unpack("<e", struct.pack("<e", struct.unpack("<f", single)[0]))[0])
+        except OverflowError:
+            return math.copysign(math.inf, value)
+    if dtype != torch.bfloat16:
+        raise ValueError(f"round_to: {dtype} is not float16 or bfloat16")
+    bits = struct.unpack("<I", single)[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # nearest, ties to even
+    return float(struct.unpack("<f", struct.pack("<I", bits))[0])
 
 
 def constant(value: bool | int | float, dtype: torch.dtype) -> str:

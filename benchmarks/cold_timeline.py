@@ -1,0 +1,169 @@
+"""Where the wall time of one cold first call goes, in a fresh process.
+
+    python benchmarks/cold_timeline.py --model mlp [--mode inference] [--backend ember]
+
+Like `ember bench`'s cold phase (fresh cache directories, a fresh process, the model
+built and CUDA initialised before the clock starts), it times the first call. Meanwhile
+a sampler thread records every thread's Python stack each few milliseconds (a wall-time
+profile: waits count, unlike cProfile's, and all threads are seen), and the external
+programs started (the C compiler building Triton's launchers, ptxas) are timed. It
+prints, per thread group, the functions that were on the stack for the most wall time
+(inclusive), and the subprocesses by program. A profile, not the benchmark. Under
+`python -X importtime` the imports the first call makes follow a marker line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_ROOT = tempfile.mkdtemp(prefix="ember-cold-timeline-")
+for _var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "EMBER_CACHE_DIR"):
+    os.environ[_var] = os.path.join(_ROOT, _var.lower())
+for _src in sorted((Path(__file__).resolve().parent.parent / "packages").glob("*/src")):
+    if str(_src) not in sys.path:
+        sys.path.insert(0, str(_src))
+
+import torch  # noqa: E402
+
+import ember.runtime  # noqa: E402,F401  (registers the backend)
+from ember.runtime.bench.measure import prepare, step_fn  # noqa: E402
+
+_programs: list[tuple[str, float, float]] = []  # (program, start, seconds)
+
+
+def _timed(original: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        command = args[0] if args else kwargs.get("args")
+        program = command[0] if isinstance(command, (list, tuple)) else str(command).split()[0]
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _programs.append((os.path.basename(str(program)), start, time.perf_counter() - start))
+
+    return run
+
+
+class Sampler(threading.Thread):
+    """Every `interval` seconds, the Python stack of every other thread."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.samples: list[tuple[float, dict[int, list[str]]]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        me = threading.get_ident()
+        while not self.stop.is_set():
+            now = time.perf_counter()
+            stacks: dict[int, list[str]] = {}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                names = []
+                f: Any = frame
+                while f is not None:
+                    code = f.f_code
+                    names.append(f"{_short(code.co_filename)}:{code.co_name}")
+                    f = f.f_back
+                stacks[ident] = names
+            self.samples.append((now, stacks))
+            time.sleep(self.interval)
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "packages/", "lib/python"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+def report(sampler: Sampler, main_ident: int, top: int, keep: str) -> None:
+    """Inclusive wall seconds per function, and exclusive seconds per innermost
+    function, for the main thread and for all others together; a sample stands for
+    the time since the one before."""
+    inclusive: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    leaves: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    totals: collections.Counter[str] = collections.Counter()
+    previous = sampler.samples[0][0] if sampler.samples else 0.0
+    for now, stacks in sampler.samples:
+        weight, previous = now - previous, now
+        for ident, stack in stacks.items():
+            if any("tqdm" in frame for frame in stack):
+                continue  # tqdm's monitor thread sleeps throughout
+            group = "main" if ident == main_ident else "other threads"
+            totals[group] += weight
+            for frame in set(stack):
+                inclusive[group][frame] += weight
+            if stack:
+                leaves[group][stack[0]] += weight
+    for group, counter in inclusive.items():
+        print(f"\n== {group}: {totals[group]:.2f} thread-s; inclusive")
+        shown = [(n, s) for n, s in counter.most_common() if re.search(keep, n)]
+        for name, seconds in shown[:top]:
+            print(f"{seconds:7.2f} s  {name}")
+        print(f"-- {group}: innermost")
+        for name, seconds in leaves[group].most_common(top // 2):
+            print(f"{seconds:7.2f} s  {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--mode", default="inference")
+    parser.add_argument("--backend", default="ember")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--interval", type=float, default=0.005)
+    parser.add_argument("--top", type=int, default=45)
+    parser.add_argument(
+        "--keep",
+        default=r"ember/|triton/|_find_and_load$|aot_autograd.py|partitioners.py|"
+        r"convert_frame.py:_compile_inner|output_graph.py:call_user_compiler",
+        help="inclusive rows: functions matching this regex",
+    )
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, inputs = prepare(args.model, device, dtype)
+    if device.type == "cuda":
+        torch.cuda.init()  # type: ignore[no-untyped-call]  # torch stub
+    for name in ("run", "call"):  # check_output and check_call go through these
+        setattr(subprocess, name, _timed(getattr(subprocess, name)))
+    compiled = torch.compile(model, backend=args.backend)
+    step = step_fn(compiled, inputs, args.mode)  # type: ignore[arg-type]
+    sampler = Sampler(args.interval)
+    sampler.start()
+    # a marker for `python -X importtime`'s log: the imports after it are the first call's
+    print("ember-cold-timeline: first call starts", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    sampler.stop.set()
+    sampler.join()
+    print(f"{args.model} {args.mode} {args.backend}: first call {seconds:.2f} s")
+    by_program: dict[str, list[float]] = collections.defaultdict(list)
+    for program, begun, took in _programs:
+        if begun >= start:
+            by_program[program].append(took)
+    for program, took in sorted(by_program.items()):
+        print(f"  subprocess {program}: {len(took)} runs, {sum(took):.2f} s summed, "
+              f"longest {max(took):.2f} s")
+    report(sampler, threading.main_thread().ident or 0, args.top, args.keep)
+
+
+if __name__ == "__main__":
+    main()
