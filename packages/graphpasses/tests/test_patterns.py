@@ -212,3 +212,40 @@ def test_pattern_scalar_must_appear_in_graph() -> None:
     )
     with pytest.raises(ValueError, match=r"do not appear as literals"):
         _ = pattern.graph
+
+
+def test_a_pattern_is_traced_only_where_its_required_ops_are() -> None:
+    """`requires` keeps a pattern from being traced (or matched) in a graph without
+    those ops, and a declaration its search graph contradicts is an error."""
+    traced: list[str] = []
+
+    def search(x: torch.Tensor) -> torch.Tensor:
+        traced.append("search")
+        return torch.tanh(x) * 2
+
+    pattern = Pattern(
+        name="tanh_times_two",
+        search=search,
+        replace=lambda x: aten.mul.Tensor(aten.tanh.default(x), 2),
+        inputs=("x",),
+        example_inputs=lambda: [torch.randn(3)],
+        requires=frozenset({aten.tanh.default}),
+    )
+    rewriter = rewrite_patterns([pattern])
+    without = aot_capture(lambda x: torch.sigmoid(x) * 2, torch.randn(4)).graph("inference")
+    assert rewriter(without).stats == {"tanh_times_two": 0}
+    assert traced == []
+    with_tanh = aot_capture(lambda x: torch.tanh(x) * 2, torch.randn(4)).graph("inference")
+    assert rewriter(with_tanh).stats == {"tanh_times_two": 1}
+    assert traced  # traced (and retraced at the match's sizes, see sizes_agree)
+
+    wrong = Pattern(
+        name="declares_sin",
+        search=lambda x: torch.tanh(x) * 2,
+        replace=lambda x: x,
+        inputs=("x",),
+        example_inputs=lambda: [torch.randn(3)],
+        requires=frozenset({aten.sin.default}),
+    )
+    with pytest.raises(ValueError, match=r"declares_sin.*requires"):
+        _ = wrong.graph

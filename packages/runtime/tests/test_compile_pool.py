@@ -114,7 +114,7 @@ def test_a_worker_builds_the_launcher_where_this_triton_needs_one(
 def test_only_a_signatures_first_request_asks_for_its_launcher(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(compile_pool, "_signatures", set())
+    monkeypatch.setattr(compile_pool, "_launchers", {})
     first = {"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}
     assert compile_pool._first_of_signature(first)
     assert not compile_pool._first_of_signature(dict(first))
@@ -237,3 +237,43 @@ def test_capture_gives_nothing_where_the_warm_up_compiles_nothing() -> None:
     assert compile_pool.capture(jit, "/k.py", 0, lambda: None) is None
     assert compile_pool.capture(object(), "/k.py", 0, lambda: None) is None  # not a jit
     assert jit.compile == jit.real_compile
+
+
+class _StubWorker:
+    """Stands in for a worker: answers 'ok' after `delays[payload]` seconds."""
+
+    def __init__(self, delays: dict[bytes, float]) -> None:
+        self.ready = threading.Event()
+        self.ready.set()
+        self.process = type("P", (), {"poll": staticmethod(lambda: None)})()
+        self.delays = delays
+
+    def run(self, payload: bytes) -> str:
+        time.sleep(self.delays.get(payload, 0.0))
+        return "ok"
+
+
+def test_jobs_of_a_signature_load_after_its_launcher_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first request of a signature asks its worker for the C launcher; the other
+    jobs of that signature load (`here`) only once that request is answered, else the
+    parent would build the same launcher meanwhile."""
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    builds = _request(tmp_path / "k.py", block=64)
+    builds = dataclasses.replace(
+        builds, launcher=compile_pool._first_of_signature(builds.signature)
+    )
+    waits = _request(tmp_path / "k.py", block=128)
+    waits = dataclasses.replace(waits, launcher=compile_pool._first_of_signature(waits.signature))
+    assert builds.launcher and not waits.launcher
+    delays = {builds.payload: 0.5}  # whichever worker takes it
+    monkeypatch.setattr(compile_pool, "_workers", [_StubWorker(delays), _StubWorker(delays)])
+    loaded: dict[str, float] = {}
+    session = compile_pool.CompileSession(threads=1)
+    assert session.workers == 2
+    start = time.perf_counter()
+    session.add(builds, lambda: loaded.setdefault("builds", time.perf_counter() - start))
+    session.add(waits, lambda: loaded.setdefault("waits", time.perf_counter() - start))
+    session.close()
+    assert loaded["builds"] >= 0.5 and loaded["waits"] >= 0.5, loaded

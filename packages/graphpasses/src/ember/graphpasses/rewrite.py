@@ -190,9 +190,6 @@ def rewrite_patterns(patterns: Sequence[Pattern], name: str = "pattern_rewrite")
     The pass's stats count the fires per pattern name. Graphs without fake values are
     left alone: the checks above need them.
     """
-    by_anchor: dict[object, list[Pattern]] = {}
-    for pattern in patterns:
-        by_anchor.setdefault(pattern.anchor.target, []).append(pattern)
 
     @named_pass(
         name, (PRESERVES_NO_MUTATION, PRESERVES_CORE_ATEN, PRESERVES_VALUES, PRESERVES_RANDOMNESS)
@@ -202,6 +199,11 @@ def rewrite_patterns(patterns: Sequence[Pattern], name: str = "pattern_rewrite")
         mode = fake_mode_of(gm)
         if mode is None:
             return PassResult(gm, False, fired)
+        present = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+        by_anchor: dict[object, list[Pattern]] = {}
+        for pattern in patterns:  # in priority order
+            if pattern.requires <= present:  # traced (once) only where it can match
+                by_anchor.setdefault(pattern.anchor.target, []).append(pattern)
         for node in reversed(list(gm.graph.nodes)):
             if getattr(node, "_erased", False) or node.op != "call_function":
                 continue

@@ -66,7 +66,8 @@ class CompileRequest:
     target: tuple[str, Any, int]  # Triton's GPUTarget: backend, arch, warp size
     options: dict[str, Any]
     # whether the worker also builds the C launcher (the first request of its
-    # argument signature in this process; see compile_worker.build_launcher)
+    # argument signature in this process; see compile_worker.build_launcher); the
+    # session loads the signature's other jobs after this one is answered
     launcher: bool = False
 
     @functools.cached_property
@@ -150,18 +151,40 @@ def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
     return request
 
 
-_signatures: set[tuple[str, ...]] = set()
-_signatures_lock = threading.Lock()
+# Per argument signature (a C launcher is built per signature): set once the request
+# that asked a worker to build its launcher is answered. Other jobs of the signature
+# load after that, or the parent would build the same launcher meanwhile.
+_launchers: dict[tuple[str, ...], threading.Event] = {}
+_launchers_lock = threading.Lock()
+_LAUNCHER_WAIT_S = 30.0  # a safety net only: the event is set on every path
+
+
+def _signature_key(signature: Any) -> tuple[str, ...]:
+    return tuple(str(t) for t in dict(signature).values())
 
 
 def _first_of_signature(signature: Any) -> bool:
-    """Whether no request of this process had this argument signature (the types of
-    the arguments; a C launcher is built per signature) before."""
-    key = tuple(str(t) for t in dict(signature).values())
-    with _signatures_lock:
-        first = key not in _signatures
-        _signatures.add(key)
-    return first
+    """Whether no request of this process had this argument signature before."""
+    key = _signature_key(signature)
+    with _launchers_lock:
+        if key in _launchers:
+            return False
+        _launchers[key] = threading.Event()
+        return True
+
+
+def _launcher_settled(request: CompileRequest) -> None:
+    """The launcher-building `request` is answered (or dropped)."""
+    if request.launcher:
+        event = _launchers.get(_signature_key(request.signature))
+        if event is not None:
+            event.set()
+
+
+def _wait_for_launcher(request: CompileRequest) -> None:
+    event = _launchers.get(_signature_key(request.signature))
+    if event is not None and not request.launcher:
+        event.wait(_LAUNCHER_WAIT_S)
 
 
 class _Worker:
@@ -241,43 +264,49 @@ _key_ready = threading.Event()
 
 
 def prepare_here() -> None:
-    """Start (once) a thread doing the one-time Triton work of this process that
+    """Start (once) two threads doing the one-time Triton work of this process that
     would otherwise fall on the first compile, while Dynamo and AOTAutograd trace:
 
-    - Triton's CUDA driver object, which builds (or loads) Triton's C utilities; a
-      capture needs it (`wait_prepared("driver")`);
+    - Triton's CUDA driver object, which builds (or loads) Triton's C utilities with
+      the host C compiler, 0.4 s; a capture needs it (`wait_prepared("driver")`);
     - Triton's cache key of itself (`triton_key`: a hash of its compiler's files and
-      its 100+ MB shared library), 1.3-2 s on the H100 machine; a compile or a load
+      its 100+ MB shared library), 1.0-2.0 s on the H100 machine; a compile or a load
       needs it, a capture does not. It is computed once per process, but not under
       a lock: in a fresh process every thread that loaded a kernel at once computed
       it again (resnet50: 12.5 thread-s), so jobs wait for this one (`wait_prepared()`).
 
-    Both are cached by Triton, so this changes no result; a failure here is left to
-    the compile that needs the same thing, which reports it."""
+    Both mostly wait on a subprocess or hash outside the interpreter lock, so they
+    run side by side. Both are cached by Triton, so this changes no result; a failure
+    here is left to the compile that needs the same thing, which reports it."""
     if _preparing:
         return
-    thread = threading.Thread(target=_prepare, name="ember-triton-prepare", daemon=True)
-    _preparing.append(thread)
-    thread.start()
+    for work, done in ((_prepare_driver, _driver_ready), (_prepare_key, _key_ready)):
+        thread = threading.Thread(
+            target=_then_set, args=(work, done), name="ember-triton-prepare", daemon=True
+        )
+        _preparing.append(thread)
+        thread.start()
 
 
-def _prepare() -> None:
+def _then_set(work: Callable[[], object], done: threading.Event) -> None:
     try:
-        from triton.runtime import driver
-
-        driver.active.get_current_target()
+        work()
     except Exception:
         pass
     finally:
-        _driver_ready.set()
-    try:
-        from triton.runtime.cache import triton_key
+        done.set()
 
-        triton_key()
-    except Exception:
-        pass
-    finally:
-        _key_ready.set()
+
+def _prepare_driver() -> None:
+    from triton.runtime import driver
+
+    driver.active.get_current_target()
+
+
+def _prepare_key() -> None:
+    from triton.runtime.cache import triton_key
+
+    triton_key()
 
 
 def wait_prepared(part: str = "all") -> float:
@@ -340,7 +369,9 @@ class CompileSession:
         if cancel:
             with contextlib.suppress(queue.Empty):
                 while True:
-                    self._pending.get_nowait()
+                    job = self._pending.get_nowait()
+                    if job is not None and job[0] is not None:
+                        _launcher_settled(job[0])
         for _ in self._threads:
             self._pending.put(None)
         for t in self._threads:
@@ -354,6 +385,8 @@ class CompileSession:
                 continue
             sent = time.perf_counter()
             reply = worker.run(request.payload)
+            _launcher_settled(request)
+            _wait_for_launcher(request)
             replied = time.perf_counter()
             _add("in workers", replied - sent)
             here()

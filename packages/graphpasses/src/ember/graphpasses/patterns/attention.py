@@ -66,6 +66,7 @@ def _pattern(name: str, search: Any, replace: Any, masked: bool, scaled: bool) -
         scalars=("scale",) if scaled else (),
         check=_check,
         description="hand-written attention -> aten.scaled_dot_product_attention",
+        requires=frozenset({aten.bmm.default, aten._softmax.default}),
     )
 
 

@@ -36,5 +36,6 @@ GELU_PATTERNS: tuple[Pattern, ...] = (
         example_inputs=lambda: [torch.randn(3, 4)],
         check=_check,
         description="hand-written tanh GELU -> aten.gelu(approximate='tanh')",
+        requires=frozenset({aten.tanh.default}),
     ),
 )

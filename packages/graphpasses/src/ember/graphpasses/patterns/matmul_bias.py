@@ -49,6 +49,7 @@ MATMUL_BIAS_PATTERNS: tuple[Pattern, ...] = (
         example_inputs=_example(batched=False),
         check=_check,
         description="mm + bias -> addmm",
+        requires=frozenset({aten.mm.default}),
     ),
     Pattern(
         name="bmm_bias_to_baddbmm",
@@ -58,5 +59,6 @@ MATMUL_BIAS_PATTERNS: tuple[Pattern, ...] = (
         example_inputs=_example(batched=True),
         check=_check,
         description="bmm + bias -> baddbmm",
+        requires=frozenset({aten.bmm.default}),
     ),
 )
