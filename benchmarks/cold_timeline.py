@@ -160,8 +160,10 @@ def main() -> None:
         if begun >= start:
             by_program[program].append(took)
     for program, took in sorted(by_program.items()):
-        print(f"  subprocess {program}: {len(took)} runs, {sum(took):.2f} s summed, "
-              f"longest {max(took):.2f} s")
+        print(
+            f"  subprocess {program}: {len(took)} runs, {sum(took):.2f} s summed, "
+            f"longest {max(took):.2f} s"
+        )
     report(sampler, threading.main_thread().ident or 0, args.top, args.keep)
 
 
