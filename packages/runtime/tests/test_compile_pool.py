@@ -277,3 +277,24 @@ def test_jobs_of_a_signature_load_after_its_launcher_is_built(
     session.add(waits, lambda: loaded.setdefault("waits", time.perf_counter() - start))
     session.close()
     assert loaded["builds"] >= 0.5 and loaded["waits"] >= 0.5, loaded
+
+
+def test_a_request_that_cannot_be_sent_promises_no_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A capture whose values do not pickle is compiled here; it must not claim its
+    signature's launcher, or the signature's other jobs would wait for it in vain."""
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    source = type("Source", (), {})()
+    source.signature = {"x": "*fp32", "n": "i32"}
+    source.constants, source.attrs = {}, {}
+    target = type("Target", (), {"backend": "cuda", "arch": 90, "warp_size": 32})()
+    fn = type("Fn", (), {"__module__": "m", "__name__": "f"})()
+    unpicklable = compile_pool._Captured(source, target, {"hook": lambda: None})
+    assert compile_pool._request(fn, "k.py", unpicklable) is None
+    assert compile_pool._launchers == {}
+    sendable = compile_pool._Captured(source, target, {"num_warps": 4})
+    first = compile_pool._request(fn, "k.py", sendable)
+    second = compile_pool._request(fn, "k.py", sendable)
+    assert first is not None and first.launcher
+    assert second is not None and not second.launcher

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import logging
 import pickle
@@ -142,12 +143,14 @@ def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
             attrs=dict(source.attrs),
             target=(target.backend, target.arch, target.warp_size),
             options=dict(options),
-            launcher=_first_of_signature(source.signature),
         )
         request.payload  # noqa: B018  # a value a worker cannot receive: compile here
     except Exception as exc:
         log.debug("no compile capture for %s: %r", path, exc)
         return None
+    # only a request that will be sent may promise its signature's launcher
+    if _first_of_signature(request.signature):
+        request = dataclasses.replace(request, launcher=True)
     return request
 
 
@@ -156,7 +159,7 @@ def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
 # load after that, or the parent would build the same launcher meanwhile.
 _launchers: dict[tuple[str, ...], threading.Event] = {}
 _launchers_lock = threading.Lock()
-_LAUNCHER_WAIT_S = 30.0  # a safety net only: the event is set on every path
+_LAUNCHER_WAIT_S = 10.0  # a safety net: a job that waited in vain builds it itself
 
 
 def _signature_key(signature: Any) -> tuple[str, ...]:
