@@ -249,3 +249,11 @@ def test_a_pattern_is_traced_only_where_its_required_ops_are() -> None:
     )
     with pytest.raises(ValueError, match=r"declares_sin.*requires"):
         _ = wrong.graph
+
+
+def test_every_shipped_pattern_traces_to_what_it_requires() -> None:
+    """A `requires` its search graph contradicts raises only when traced, and a
+    pattern is traced only in graphs holding what it requires: trace them all here."""
+    for pattern in DEFAULT_PATTERNS:
+        targets = {n.target for n in pattern.graph.graph.nodes}
+        assert pattern.requires and pattern.requires <= targets, pattern.name

@@ -382,3 +382,40 @@ def test_compiling_imports_no_inductor_compiler(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_ddp_model_in_buckets_gives_real_results(tmp_path: Path) -> None:
+    """Dynamo's DDP support splits the graph at gradient buckets and, where AOTAutograd
+    ran (it reads Dynamo's `aot_autograd` counter), makes each bucket's first call at
+    compile time, since that call's results are fake. A one-process gloo group, two
+    buckets; the first compiled call must give real tensors equal to eager's.
+    (A `Sequential` in its place compiled no graph at all, torch 2.15; hence a module
+    of its own and the check that a graph was compiled.)"""
+    script = (
+        "import sys, torch, torch.distributed as dist, ember.runtime\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', "
+        "rank=0, world_size=1)\n"
+        "torch.manual_seed(0)\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a, self.b = torch.nn.Linear(512, 512), torch.nn.Linear(512, 512)\n"
+        "        self.c = torch.nn.Linear(512, 8)\n"
+        "    def forward(self, x):\n"
+        "        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))\n"
+        "m = M()\n"
+        "ddp = torch.nn.parallel.DistributedDataParallel(m, bucket_cap_mb=1)\n"
+        "x = torch.randn(4, 512)\n"
+        "out = torch.compile(ddp, backend='ember')(x)\n"
+        "assert torch._dynamo.utils.counters['stats']['unique_graphs'] >= 1  # compiled\n"
+        "fake = isinstance(out, torch._subclasses.FakeTensor)\n"
+        "print('fake' if fake else float((out - m(x)).abs().max()))\n"
+        "out.sum().backward()\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-4

@@ -285,6 +285,7 @@ def test_a_request_that_cannot_be_sent_promises_no_launcher(
     """A capture whose values do not pickle is compiled here; it must not claim its
     signature's launcher, or the signature's other jobs would wait for it in vain."""
     monkeypatch.setattr(compile_pool, "_launchers", {})
+    monkeypatch.setattr(compile_pool, "_builds_launchers", lambda: True)  # as Triton 3.6
     source = type("Source", (), {})()
     source.signature = {"x": "*fp32", "n": "i32"}
     source.constants, source.attrs = {}, {}
@@ -298,3 +299,8 @@ def test_a_request_that_cannot_be_sent_promises_no_launcher(
     second = compile_pool._request(fn, "k.py", sendable)
     assert first is not None and first.launcher
     assert second is not None and not second.launcher
+    # a Triton without per-signature launchers: no request claims one, none waits
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    monkeypatch.setattr(compile_pool, "_builds_launchers", lambda: False)
+    later = compile_pool._request(fn, "k.py", sendable)
+    assert later is not None and not later.launcher and compile_pool._launchers == {}

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from ember.graphpasses import (
@@ -118,7 +119,11 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[
     with it Inductor's scheduler and IR), 0.75 s of a fresh process's first compile on
     the H100 machine, for logging ember does not use. What it does that matters is
     kept: Dynamo must not trace the backward's compile nor the compiled functions
-    (`torch._dynamo.disable`)."""
+    (`torch._dynamo.disable`), and the call is counted in Dynamo's
+    `counters["aot_autograd"]`, which is how Dynamo's DDP support learns that
+    AOTAutograd ran (it then makes each compiled bucket's first call, whose results
+    are fake, itself at compile time; uncounted, the user's first call returned fake
+    tensors)."""
     backward = options["bw_compiler"]
     disable: Callable[..., Any] = torch._dynamo.disable
 
@@ -126,7 +131,14 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[
         return disable(disable(backward)(*args, **kwargs))
 
     options["bw_compiler"] = compile_backward
-    return disable(aot_module_simplified(gm, example_inputs, **options))
+    counters["aot_autograd"]["total"] += 1
+    try:
+        compiled = aot_module_simplified(gm, example_inputs, **options)
+    except Exception:
+        counters["aot_autograd"]["not_ok"] += 1
+        raise
+    counters["aot_autograd"]["ok"] += 1
+    return disable(compiled)
 
 
 def register() -> None:

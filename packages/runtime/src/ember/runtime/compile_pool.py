@@ -149,9 +149,21 @@ def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
         log.debug("no compile capture for %s: %r", path, exc)
         return None
     # only a request that will be sent may promise its signature's launcher
-    if _first_of_signature(request.signature):
+    if _builds_launchers() and _first_of_signature(request.signature):
         request = dataclasses.replace(request, launcher=True)
     return request
+
+
+@functools.cache
+def _builds_launchers() -> bool:
+    """Whether this Triton builds a C launcher per argument signature (3.6 does;
+    later ones launch through one generic launcher, and nothing needs to wait)."""
+    try:
+        import importlib
+
+        return hasattr(importlib.import_module("triton.backends.nvidia.driver"), "make_launcher")
+    except Exception:
+        return False
 
 
 # Per argument signature (a C launcher is built per signature): set once the request
@@ -318,7 +330,9 @@ def wait_prepared(part: str = "all") -> float:
     if not _preparing:
         return 0.0
     start = time.perf_counter()
-    (_driver_ready if part == "driver" else _key_ready).wait()
+    _driver_ready.wait()
+    if part != "driver":
+        _key_ready.wait()
     return time.perf_counter() - start
 
 
@@ -387,8 +401,10 @@ class CompileSession:
                 here()
                 continue
             sent = time.perf_counter()
-            reply = worker.run(request.payload)
-            _launcher_settled(request)
+            try:
+                reply = worker.run(request.payload)
+            finally:
+                _launcher_settled(request)
             _wait_for_launcher(request)
             replied = time.perf_counter()
             _add("in workers", replied - sent)
