@@ -114,14 +114,12 @@ class Precompiler:
         self._seen: set[tuple[str, LaunchConfig]] = set()
         self._session = compile_pool.CompileSession(threads=8)
         self._capturing = 0.0
-        self._prepared = False
 
     def add(self, launcher: TritonLauncher, device: torch.device) -> None:
         if device.type != "cuda":
             return
-        if not self._prepared:  # the first capture needs Triton's driver
-            precompile_stats["prepare wait s"] += compile_pool.wait_prepared("driver")
-            self._prepared = True
+        # a capture needs Triton's driver (after the first kernel, this returns at once)
+        precompile_stats["prepare wait s"] += compile_pool.wait_prepared("driver")
         start = time.perf_counter()
         jobs = []
         for candidate in launcher.kernel.configs:

@@ -11,6 +11,7 @@ that the fuzzer finds it and the shrinker reduces it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,16 +90,14 @@ def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _rounded_oracle(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Callable[[], Any]:
     """Eager's outputs with each low-precision op correctly rounded (`RoundedOps`),
     computed on first use (None where that run fails)."""
-    outputs: list[Any] = []
 
+    @functools.cache
     def run() -> Any:
-        if not outputs:
-            try:
-                with RoundedOps():  # type: ignore[no-untyped-call]  # torch stub
-                    outputs.append(_call(fn, inputs))
-            except Exception:
-                outputs.append(None)
-        return outputs[0]
+        try:
+            with RoundedOps():  # type: ignore[no-untyped-call]  # torch stub
+                return _call(fn, inputs)
+        except Exception:
+            return None
 
     return run
 
