@@ -119,6 +119,76 @@ def report(sampler: Sampler, main_ident: int, top: int, keep: str) -> None:
             print(f"{seconds:7.2f} s  {name}")
 
 
+# Main-thread phases, by the innermost frame of a sample that matches (first rule wins
+# at that frame): what the first call was doing, in order (a critical-path view).
+_PHASES: list[tuple[str, str]] = [
+    ("wait: compile jobs", r"compile_pool.py:close$|triton_kernels.py:finish$"),
+    ("wait: triton prepare", r"compile_pool.py:wait_prepared$"),
+    ("capture", r"compile_pool.py:capture$"),
+    ("tune+launch", r"triton_kernels.py:(__call__|_choose|_tune)"),
+    ("triton", r"^triton/"),
+    ("render", r"codegen/triton/"),
+    ("schedule", r"ember/scheduler/"),
+    ("lower", r"ember/ir/"),
+    ("graphpasses", r"ember/graphpasses/"),
+    ("ember other", r"ember/"),
+    ("import", r"_find_and_load$"),
+    ("aot", r"aot_autograd.py|partitioners.py|torch/_functorch/"),
+    ("dynamo", r"torch/_dynamo/"),
+]
+
+
+def _time_worker_jobs() -> list[tuple[float, float]]:
+    """(sent, answered) of every request ember sends a compile worker."""
+    jobs: list[tuple[float, float]] = []
+    try:
+        from ember.runtime import compile_pool
+    except ImportError:
+        return jobs
+    original = compile_pool._Worker.run
+
+    def run(self: Any, payload: bytes) -> str:
+        begin = time.perf_counter()
+        try:
+            return original(self, payload)
+        finally:
+            jobs.append((begin, time.perf_counter()))
+
+    compile_pool._Worker.run = run  # type: ignore[method-assign]
+    return jobs
+
+
+def phases(sampler: Sampler, main_ident: int, start: float) -> None:
+    """The main thread's phases as contiguous segments, then seconds per phase."""
+    compiled = [(name, re.compile(rule)) for name, rule in _PHASES]
+
+    def label(stack: list[str]) -> str:
+        for frame in stack:  # innermost first
+            for name, rule in compiled:
+                if rule.search(frame):
+                    return name
+        return "other"
+
+    segments: list[list[Any]] = []  # [label, begin, end]
+    previous = start
+    for now, stacks in sampler.samples:
+        if now < start or main_ident not in stacks:
+            continue
+        name = label(stacks[main_ident])
+        if segments and segments[-1][0] == name:
+            segments[-1][2] = now
+        else:
+            segments.append([name, previous, now])
+        previous = now
+    totals: collections.Counter[str] = collections.Counter()
+    print("\n== main thread phases (s from the call's start)")
+    for name, begin, end in segments:
+        totals[name] += end - begin
+        if end - begin >= 0.02:
+            print(f"  {begin - start:6.2f} - {end - start:6.2f}  {name}")
+    print("-- per phase: " + ", ".join(f"{n} {s:.2f}" for n, s in totals.most_common()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="mlp")
@@ -141,6 +211,7 @@ def main() -> None:
         torch.cuda.init()  # type: ignore[no-untyped-call]  # torch stub
     for name in ("run", "call"):  # check_output and check_call go through these
         setattr(subprocess, name, _timed(getattr(subprocess, name)))
+    jobs = _time_worker_jobs()
     compiled = torch.compile(model, backend=args.backend)
     step = step_fn(compiled, inputs, args.mode)  # type: ignore[arg-type]
     sampler = Sampler(args.interval)
@@ -164,6 +235,19 @@ def main() -> None:
             f"  subprocess {program}: {len(took)} runs, {sum(took):.2f} s summed, "
             f"longest {max(took):.2f} s"
         )
+    if jobs:
+        took = [end - begin for begin, end in jobs]
+        print(
+            f"  worker jobs: {len(jobs)}, first sent {min(b for b, _ in jobs) - start:.2f} s, "
+            f"last answered {max(e for _, e in jobs) - start:.2f} s, "
+            f"longest {max(took):.2f} s, summed {sum(took):.2f} s"
+        )
+    if args.backend == "ember":
+        from ember.runtime import compile_pool, triton_kernels
+
+        stats = {k: round(v, 2) for k, v in triton_kernels.precompile_stats.items()}
+        print(f"  precompile: {stats}; busy: {compile_pool.busy_seconds}")
+    phases(sampler, threading.main_thread().ident or 0, start)
     report(sampler, threading.main_thread().ident or 0, args.top, args.keep)
 
 

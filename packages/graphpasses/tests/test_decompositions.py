@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-import torch
-from graphpasses_helpers import MLP, SmallCNN, TransformerBlock, aot_capture, export_aten
+from typing import Any
 
-from ember.graphpasses import EMBER_ADDITIONS, REMAINING_OPS, default_pipeline, ember_decompositions
+import pytest
+import torch
+import torch.nn.functional as F
+from graphpasses_helpers import MLP, SmallCNN, TransformerBlock, aot_capture, export_aten
+from torch._functorch.aot_autograd import aot_function
+
+from ember.graphpasses import (
+    EMBER_ADDITIONS,
+    REMAINING_OPS,
+    aot_decompositions,
+    default_pipeline,
+    ember_decompositions,
+)
 from ember.graphpasses.graph_checks import is_aten_level_target
 from ember.graphpasses.remaining_ops import CORE_REMAINING, OTHER_REMAINING, PATTERN_RESULTS
 
@@ -91,3 +102,60 @@ def test_model_graphs_only_use_remaining_ops() -> None:
     assert sorted(seen - REMAINING_OPS) == []
     assert "aten._native_batch_norm_legit_functional.default" not in seen
     assert "aten.native_layer_norm.default" not in seen
+
+
+def _traced(fn: Any, args: list[torch.Tensor], table: Any, grad: bool) -> list[str]:
+    """The code of every graph AOTAutograd hands its compilers for `fn(*args)`."""
+    codes: list[str] = []
+
+    def record(gm: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
+        codes.append(gm.code)
+        return gm
+
+    inputs = [a.detach().requires_grad_(grad and a.is_floating_point()) for a in args]
+    with torch.set_grad_enabled(grad):
+        out = aot_function(fn, fw_compiler=record, bw_compiler=record, decompositions=table)(
+            *inputs
+        )
+        if grad:
+            out.float().sum().backward()
+    return codes
+
+
+def test_aot_table_traces_as_the_full_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AOTAutograd decomposes CompositeImplicitAutograd ops in the dispatcher, so the
+    table without them traces the same forward and backward graphs (linear, matmul,
+    layer and group norm, softmax, conv + batch norm, SDPA, cross-entropy, embedding,
+    interpolation, ...), and is built without torch walking every registered operator
+    for them."""
+    full = ember_decompositions()
+    import torch._export.utils as export_utils
+
+    def walked() -> None:
+        raise AssertionError("aot_decompositions() listed the composite ops")
+
+    monkeypatch.setattr(export_utils, "_materialize_cpp_cia_ops", walked)
+    lean = aot_decompositions()
+    assert set(lean) < set(full) and all(lean[op] is full[op] for op in lean)
+    assert aten.native_layer_norm.default in lean and aten.linear.default not in lean
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 8, 16, generator=g), torch.randn(16, 16, generator=g)
+    img, kernel = torch.randn(2, 4, 8, 8, generator=g), torch.randn(6, 4, 3, 3, generator=g)
+    scale, labels = torch.randn(4, generator=g), torch.randint(0, 16, (32,), generator=g)
+    cases: list[tuple[Any, list[torch.Tensor]]] = [
+        (lambda x, w: F.gelu(F.layer_norm(F.linear(x, w), (16,))) @ w, [x, w]),
+        (lambda x: F.softmax(x, -1) + F.log_softmax(x, 1) + F.silu(x) * F.hardswish(x), [x]),
+        (
+            lambda i, k, s: F.batch_norm(F.conv2d(i, k)[:, :4], None, None, s, training=True),
+            [img, kernel, scale],
+        ),
+        (lambda i: F.group_norm(i, 2) + F.interpolate(F.avg_pool2d(i, 2), scale_factor=2), [img]),
+        (lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), [x]),
+        (lambda x, t: F.cross_entropy(x.reshape(32, 16), t), [x, labels]),
+        (lambda w, t: F.embedding(t, w) + torch.einsum("ij,jk->ik", w, w)[t], [w, labels]),
+        (lambda x: x.std(-1).sum() + F.normalize(x, dim=-1).sum() + x.norm(), [x]),
+    ]
+    for fn, args in cases:
+        for grad in (False, True):
+            assert _traced(fn, args, lean, grad) == _traced(fn, args, full, grad)

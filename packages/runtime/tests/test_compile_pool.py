@@ -240,17 +240,56 @@ def test_capture_gives_nothing_where_the_warm_up_compiles_nothing() -> None:
 
 
 class _StubWorker:
-    """Stands in for a worker: answers 'ok' after `delays[payload]` seconds."""
+    """Stands in for a worker: answers 'ok' after `delays[payload]` seconds (or
+    `delay`), and counts the requests it served."""
 
-    def __init__(self, delays: dict[bytes, float]) -> None:
+    def __init__(self, delays: dict[bytes, float], ready: bool = True, delay: float = 0.0) -> None:
         self.ready = threading.Event()
-        self.ready.set()
+        if ready:
+            self.ready.set()
         self.process = type("P", (), {"poll": staticmethod(lambda: None)})()
-        self.delays = delays
+        self.delays, self.delay = delays, delay
+        self.served = 0
 
     def run(self, payload: bytes) -> str:
-        time.sleep(self.delays.get(payload, 0.0))
+        time.sleep(self.delays.get(payload, self.delay))
+        self.served += 1
         return "ok"
+
+
+def test_a_worker_that_becomes_ready_joins_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs queue behind the one ready worker; a worker still starting when the
+    session opened takes its share once it is ready."""
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    up, starting = _StubWorker({}, delay=0.3), _StubWorker({}, ready=False, delay=0.3)
+    monkeypatch.setattr(compile_pool, "_workers", [up, starting])
+    session = compile_pool.CompileSession(threads=1)
+    assert session.workers == 1
+    ran: list[int] = []
+    for i in range(6):
+        session.add(_request(tmp_path / "k.py", block=16 << i), functools.partial(ran.append, i))
+    time.sleep(0.1)
+    starting.ready.set()
+    session.close()
+    assert sorted(ran) == list(range(6)) and session.by_workers == 6
+    assert starting.served >= 2 and up.served >= 2, (up.served, starting.served)
+
+
+def test_a_worker_that_never_gets_ready_does_not_hold_up_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    up, stuck = _StubWorker({}), _StubWorker({}, ready=False)
+    monkeypatch.setattr(compile_pool, "_workers", [up, stuck])
+    session = compile_pool.CompileSession(threads=1)
+    for i in range(3):
+        session.add(_request(tmp_path / "k.py", block=16 << i), lambda: None)
+    start = time.perf_counter()
+    session.close()
+    assert time.perf_counter() - start < 5
+    assert up.served == 3 and stuck.served == 0
 
 
 def test_jobs_of_a_signature_load_after_its_launcher_is_built(

@@ -11,7 +11,12 @@ from ember.graphpasses.constant_folding import fold_constants
 from ember.graphpasses.conv_bias import convolution_bias_epilogue
 from ember.graphpasses.cse import eliminate_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
-from ember.graphpasses.decompositions import EMBER_ADDITIONS, KEEP_WHOLE, ember_decompositions
+from ember.graphpasses.decompositions import (
+    EMBER_ADDITIONS,
+    KEEP_WHOLE,
+    aot_decompositions,
+    ember_decompositions,
+)
 from ember.graphpasses.errors import GraphPassError
 from ember.graphpasses.export import (
     CustomOpProfile,
@@ -62,6 +67,7 @@ __all__ = [
     "PassReport",
     "PassResult",
     "Pattern",
+    "aot_decompositions",
     "channels_last_convolutions",
     "channels_last_training",
     "check_aten_level",

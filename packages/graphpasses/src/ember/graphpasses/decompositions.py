@@ -6,6 +6,9 @@ so the graphs that reach the IR contain only the ops left over: the list in
 torch's core ATen decomposition set, minus the ops ember prefers to see whole
 (`KEEP_WHOLE`, with the reason), plus ember's own additions (`EMBER_ADDITIONS`, with the
 reason), all taken from torch's registered decompositions.
+
+`aot_decompositions()` is the same table less its CompositeImplicitAutograd entries, for
+AOTAutograd and make_fx, which decompose those ops themselves.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._decomp
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
@@ -50,9 +54,35 @@ EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
 }
 
 
-def ember_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
+Table = dict[torch._ops.OperatorBase, Callable[..., Any]]
+
+
+def ember_decompositions() -> Table:
     """Return a fresh copy of the table (callers may add to it)."""
-    table: dict[torch._ops.OperatorBase, Callable[..., Any]] = dict(core_aten_decompositions())
+    return _ember_table(dict(core_aten_decompositions()))
+
+
+def aot_decompositions() -> Table:
+    """The table for AOTAutograd and make_fx: `ember_decompositions()` less the entries
+    of CompositeImplicitAutograd ops, a fresh copy.
+
+    Those tracers never consult such entries: a CompositeImplicitAutograd op runs its
+    decomposition in the dispatcher, above the tracer, whether the table has it or
+    not (1170 OpInfo samples, forward and backward graphs, traced the same with either
+    table, torch 2.15). `torch.export`'s `run_decompositions` does consult them, so the
+    full table is still what export uses. Torch's core table lists the ~500 such ops by
+    walking every operator registered with the dispatcher (`_materialize_cpp_cia_ops`):
+    `ember_decompositions()` took 0.35-0.41 s of a fresh process's first compile on
+    the H100 machine (benchmarks/cold_timeline.py); this table skips that walk. On a
+    torch without the private helper it builds from, it is the full table."""
+    post_autograd = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
+    if post_autograd is None:
+        return ember_decompositions()
+    return _ember_table(dict(post_autograd()))
+
+
+def _ember_table(table: Table) -> Table:
+    """Torch's core `table`, less KEEP_WHOLE, plus EMBER_ADDITIONS."""
     for op in list(table):
         packet = getattr(op, "overloadpacket", None)
         if packet is not None and packet in KEEP_WHOLE:

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ember.graphpasses.decompositions import ember_decompositions
+from ember.graphpasses.decompositions import aot_decompositions
 from ember.graphpasses.graph_edit import output_node
 from ember.graphpasses.noop_removal import remove_noops
 from ember.graphpasses.view_normalisation import normalise_views
@@ -139,7 +139,7 @@ def trace_search(
 def _tracing_table() -> Mapping[torch._ops.OpOverload, Callable[..., Any]]:
     """Ember's table, built once: patterns are traced many times per process."""
     return {
-        op: fn for op, fn in ember_decompositions().items() if isinstance(op, torch._ops.OpOverload)
+        op: fn for op, fn in aot_decompositions().items() if isinstance(op, torch._ops.OpOverload)
     }
 
 

@@ -22,8 +22,9 @@ from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from ember.graphpasses import (
+    aot_decompositions,
     channels_last_training,
-    ember_decompositions,
+    eliminate_common_subexpressions,
     rewrite_attention_pregrad,
 )
 from ember.runtime import compile_pool
@@ -59,8 +60,26 @@ def partition_fn(device_type: str = "cuda") -> Callable[..., Any]:
     if choice == "auto":
         choice = "mincut" if device_type == "cuda" else "save-all"
     if choice == "mincut":
-        return partitioners.min_cut_rematerialization_partition
+        return min_cut_partition
     return partitioners.default_partition
+
+
+def min_cut_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+    """AOTAutograd's min-cut partitioner, with ember's common-subexpression pass on the
+    joint graph in place of the partitioner's own. Torch's imports Inductor's pattern
+    matcher (`torch._inductor.pattern_matcher`, for two helpers), which cost 1.74 s of
+    a fresh process's first training step on the H100 machine (attention block,
+    `python -X importtime`), more than the rest of ember's compile of that step.
+    Both merge repeated pure ops of the forward and backward before the cut; ember's
+    also keeps apart reads of a storage written in between (graphpasses/cse.py)."""
+    from torch._functorch import config as functorch_config
+    from torch._functorch import partitioners
+
+    eliminate_common_subexpressions(joint_module)
+    with functorch_config.patch(cse=False):
+        return partitioners.min_cut_rematerialization_partition(
+            joint_module, joint_inputs, **kwargs
+        )
 
 
 def _channels_last_then(
@@ -99,7 +118,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
         inference_compiler=_compiler("inference"),
-        decompositions=ember_decompositions(),
+        decompositions=aot_decompositions(),
         partition_fn=_channels_last_then(
             partition_fn("cuda" if on_cuda else "cpu"), config.layout_devices
         ),
