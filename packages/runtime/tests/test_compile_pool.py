@@ -266,7 +266,7 @@ def test_a_worker_that_becomes_ready_joins_the_session(
     up, starting = _StubWorker({}, delay=0.3), _StubWorker({}, ready=False, delay=0.3)
     monkeypatch.setattr(compile_pool, "_workers", [up, starting])
     session = compile_pool.CompileSession(threads=1)
-    assert session.workers == 1
+    assert session.workers == 2
     ran: list[int] = []
     for i in range(6):
         session.add(_request(tmp_path / "k.py", block=16 << i), functools.partial(ran.append, i))
@@ -275,6 +275,41 @@ def test_a_worker_that_becomes_ready_joins_the_session(
     session.close()
     assert sorted(ran) == list(range(6)) and session.by_workers == 6
     assert starting.served >= 2 and up.served >= 2, (up.served, starting.served)
+
+
+def test_with_no_worker_ready_yet_the_jobs_wait_for_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    starting = _StubWorker({}, ready=False)
+    monkeypatch.setattr(compile_pool, "_workers", [starting])
+    session = compile_pool.CompileSession(threads=4)
+    ran: list[int] = []
+    for i in range(3):
+        session.add(_request(tmp_path / "k.py", block=16 << i), functools.partial(ran.append, i))
+    threading.Timer(0.2, starting.ready.set).start()
+    session.close()
+    assert sorted(ran) == [0, 1, 2] and session.by_workers == 3 and starting.served == 3
+
+
+def test_jobs_no_worker_took_are_compiled_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only worker dies while starting: its jobs run here when the session closes."""
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    dying = _StubWorker({}, ready=False)
+    exit_code: list[int] = []
+    dying.process = type(
+        "P", (), {"poll": staticmethod(lambda: exit_code[0] if exit_code else None)}
+    )()
+    monkeypatch.setattr(compile_pool, "_workers", [dying])
+    session = compile_pool.CompileSession(threads=4)
+    ran: list[int] = []
+    for i in range(3):
+        session.add(_request(tmp_path / "k.py", block=16 << i), functools.partial(ran.append, i))
+    exit_code.append(1)
+    session.close()
+    assert sorted(ran) == [0, 1, 2] and session.by_workers == 0 and dying.served == 0
 
 
 def test_a_worker_that_never_gets_ready_does_not_hold_up_the_session(

@@ -355,17 +355,17 @@ class CompileSession:
 
     A job is a request for a worker (None: it can only be compiled here) and `here`, a
     callable that compiles the job in this process or, after a worker compiled it,
-    loads the binary from Triton's cache (the same warm-up does both). Workers that
-    are ready when the session opens take requests from a shared queue; a job a
-    worker failed on runs `here` instead, where its error (if any) is reported.
-    Without ready workers, `threads` threads here take the jobs. With workers there are
-    no such threads: compiles in this process scale poorly (see above), and they would
-    hold up the loading.
+    loads the binary from Triton's cache (the same warm-up does both). The workers
+    take requests from a shared queue; a job a worker failed on runs `here` instead,
+    where its error (if any) is reported. Without live workers, `threads` threads
+    here take the jobs. With workers there are no such threads: compiles in this
+    process scale poorly (see above), and they would hold up the loading.
 
-    Workers still starting join the session when they are ready, and take jobs from
-    the same queue: a small graph's jobs often come while only some workers are up
-    (cnn_block on the H100 machine: 6 of 15 ready, 9 jobs, 1.0 s waiting on them).
-    Where none is ready, the jobs are compiled here rather than wait for one."""
+    Workers still starting join the session when they are ready: a small graph's jobs
+    often come while few or none are up. Compiling here instead cost more (cnn_block's
+    first graph, H100 machine: 9 jobs, 1.0 s on the 6 of 15 workers then ready, 1.6 s
+    in threads here when none was). A job no worker takes, because the workers died or
+    none got ready within `_READY_WAIT_S` of the session's close, is compiled here."""
 
     def __init__(self, threads: int) -> None:
         self._pending: queue.Queue[tuple[CompileRequest | None, Callable[[], None]] | None]
@@ -375,9 +375,8 @@ class CompileSession:
         self._closing = threading.Event()
         self._unstarted = 0  # jobs added and not yet taken
         alive = [w for w in _workers if w.process.poll() is None]
-        ready = [w for w in alive if w.ready.is_set()]
-        self.workers = len(ready)
-        if ready:
+        self.workers = len(alive)
+        if alive:
             self._threads = [threading.Thread(target=self._feed, args=(w,)) for w in alive]
         else:
             self._threads = [threading.Thread(target=self._work_here) for _ in range(threads)]
@@ -412,15 +411,26 @@ class CompileSession:
             self._pending.put(None)
         for t in self._threads:
             t.join()
+        # jobs no worker took: the workers died, or none got ready in time
+        with contextlib.suppress(queue.Empty):
+            while True:
+                job = self._pending.get_nowait()
+                if job is not None:
+                    if job[0] is not None:
+                        _launcher_settled(job[0])
+                    job[1]()
 
     def _feed(self, worker: _Worker) -> None:
         # a worker still starting joins once ready; it gives up if it dies, or once
-        # the session is closing and every job has been taken
+        # the session is closing and every job has been taken or the wait is too long
+        deadline = None
         while not worker.ready.wait(0.01):
-            if worker.process.poll() is not None or (
-                self._closing.is_set() and self._unstarted == 0
-            ):
+            if worker.process.poll() is not None:
                 return
+            if self._closing.is_set():
+                deadline = deadline or time.perf_counter() + _READY_WAIT_S
+                if self._unstarted == 0 or time.perf_counter() > deadline:
+                    return
         while (job := self._take()) is not None:
             request, here = job
             if request is None:
@@ -443,6 +453,9 @@ class CompileSession:
     def _work_here(self) -> None:
         while (job := self._take()) is not None:
             job[1]()
+
+
+_READY_WAIT_S = 20.0  # a safety net: workers are ready about a second after their start
 
 
 def _close_all() -> None:
