@@ -137,6 +137,19 @@ def test_cse_keeps_buffers_that_are_written() -> None:
     assert count(gm, aten.zeros.default) == 2
 
 
+def test_cse_keeps_each_data_dependent_size_symbol() -> None:
+    """Two `.item()` calls on the same value bind two size symbols; later fake values
+    are written in terms of them, so neither binding node is merged away."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.full((2,), x.sum().item()) + torch.full((2,), x.sum().item())
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(4))  # type: ignore[arg-type]
+    gm, _ = PassManager([eliminate_common_subexpressions], check=True).run(gm)
+    assert count(gm, aten._local_scalar_dense.default) == 2
+    assert count(gm, aten.sum.default) == 1
+
+
 # -- constant folding ----------------------------------------------------------------
 
 

@@ -8,7 +8,9 @@ them apart afterwards:
   the fake values' storages), so `x.sum(); x.add_(1); x.sum()` keeps both sums;
 - a node whose own storage is ever written, or that is returned by the graph, keeps its
   identity: merging would make one in-place update (or one caller's) visible through
-  the other name.
+  the other name;
+- a node that introduces a data-dependent size symbol (`unbacked_bindings`) keeps it:
+  later nodes' fake values are written in terms of that symbol.
 Graphs without fake values that contain mutation are left alone (no storages to track).
 """
 
@@ -88,7 +90,9 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> PassResult:
                 key = storage_key(target.meta.get("val"))
                 version[key] = version.get(key, 0) + 1
             continue
-        if not is_pure(node) or node in returned:
+        if not is_pure(node) or node in returned or node.meta.get("unbacked_bindings"):
+            # a node binding a data-dependent size (`.item()`, `nonzero`) keeps its own
+            # symbol: later nodes' fake values are written in terms of it
             continue
         own = storage_key(node.meta.get("val"))
         if own is not None and own in written:
