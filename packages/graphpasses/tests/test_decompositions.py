@@ -104,16 +104,19 @@ def test_model_graphs_only_use_remaining_ops() -> None:
     assert "aten.native_layer_norm.default" not in seen
 
 
-def _traced(fn: Any, args: list[torch.Tensor], table: Any, grad: bool) -> list[str]:
-    """The code of every graph AOTAutograd hands its compilers for `fn(*args)`."""
+def _traced(fn: Any, args: list[torch.Tensor], table: Any, grad: bool | None) -> list[str]:
+    """The code of every graph AOTAutograd hands its compilers for `fn(*args)`, with
+    gradients (True), without (False), or under inference mode (None: autograd off,
+    so composite ops reach the tracer whole)."""
     codes: list[str] = []
 
     def record(gm: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
         codes.append(gm.code)
         return gm
 
-    inputs = [a.detach().requires_grad_(grad and a.is_floating_point()) for a in args]
-    with torch.set_grad_enabled(grad):
+    inputs = [a.detach().requires_grad_(bool(grad) and a.is_floating_point()) for a in args]
+    mode = torch.inference_mode() if grad is None else torch.set_grad_enabled(grad)
+    with mode:
         out = aot_function(fn, fw_compiler=record, bw_compiler=record, decompositions=table)(
             *inputs
         )
@@ -123,21 +126,22 @@ def _traced(fn: Any, args: list[torch.Tensor], table: Any, grad: bool) -> list[s
 
 
 def test_aot_table_traces_as_the_full_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """AOTAutograd decomposes CompositeImplicitAutograd ops in the dispatcher, so the
-    table without them traces the same forward and backward graphs (linear, matmul,
-    layer and group norm, softmax, conv + batch norm, SDPA, cross-entropy, embedding,
-    interpolation, ...), and is built without torch walking every registered operator
-    for them."""
+    """The table without the composite ops that cannot reach a tracer whole traces the
+    same forward and backward graphs (linear, matmul, norms, softmax, conv + batch
+    norm, SDPA, cross-entropy, embedding, interpolation, channel shuffle, ...), with
+    and without gradients and under inference mode, and is built without torch
+    walking every registered operator."""
     full = ember_decompositions()
     import torch._export.utils as export_utils
 
     def walked() -> None:
-        raise AssertionError("aot_decompositions() listed the composite ops")
+        raise AssertionError("aot_decompositions() walked every composite op")
 
     monkeypatch.setattr(export_utils, "_materialize_cpp_cia_ops", walked)
     lean = aot_decompositions()
-    assert set(lean) < set(full) and all(lean[op] is full[op] for op in lean)
+    assert set(lean) < set(full)
     assert aten.native_layer_norm.default in lean and aten.linear.default not in lean
+    assert aten.upsample_nearest2d.default in lean  # has CPU and CUDA kernels
 
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(4, 8, 16, generator=g), torch.randn(16, 16, generator=g)
@@ -151,11 +155,27 @@ def test_aot_table_traces_as_the_full_table(monkeypatch: pytest.MonkeyPatch) -> 
             [img, kernel, scale],
         ),
         (lambda i: F.group_norm(i, 2) + F.interpolate(F.avg_pool2d(i, 2), scale_factor=2), [img]),
+        (lambda i: F.interpolate(i, scale_factor=2, mode="nearest-exact") * 2, [img]),
+        (lambda i: F.channel_shuffle(i, 2) * 2, [img]),
         (lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), [x]),
         (lambda x, t: F.cross_entropy(x.reshape(32, 16), t), [x, labels]),
         (lambda w, t: F.embedding(t, w) + torch.einsum("ij,jk->ik", w, w)[t], [w, labels]),
         (lambda x: x.std(-1).sum() + F.normalize(x, dim=-1).sum() + x.norm(), [x]),
     ]
     for fn, args in cases:
-        for grad in (False, True):
+        for grad in (False, True, None):
             assert _traced(fn, args, lean, grad) == _traced(fn, args, full, grad)
+
+
+def test_aot_table_leaves_out_only_ops_no_tracer_sees_whole() -> None:
+    """Every entry of the full table missing from the AOT table is a composite op
+    without a CPU or CUDA kernel: autograd or the tracer decomposes it by itself."""
+    lean = aot_decompositions()
+    for op in ember_decompositions():
+        if op in lean:
+            continue
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(
+            op.name(), "CompositeImplicitAutograd"
+        ) or (torch._C.DispatchKey.CompositeImplicitAutograd in op.py_kernels), op
+        for key in ("CPU", "CUDA"):
+            assert not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key), (op, key)

@@ -64,21 +64,65 @@ def ember_decompositions() -> Table:
 
 def aot_decompositions() -> Table:
     """The table for AOTAutograd and make_fx: `ember_decompositions()` less the entries
-    of CompositeImplicitAutograd ops, a fresh copy.
+    those tracers can never use, a fresh copy.
 
-    Those tracers never consult such entries: a CompositeImplicitAutograd op runs its
-    decomposition in the dispatcher, above the tracer, whether the table has it or
-    not (1170 OpInfo samples, forward and backward graphs, traced the same with either
-    table, torch 2.15). `torch.export`'s `run_decompositions` does consult them, so the
-    full table is still what export uses. Torch's core table lists the ~500 such ops by
-    walking every operator registered with the dispatcher (`_materialize_cpp_cia_ops`):
-    `ember_decompositions()` took 0.35-0.41 s of a fresh process's first compile on
-    the H100 machine (benchmarks/cold_timeline.py); this table skips that walk. On a
-    torch without the private helper it builds from, it is the full table."""
-    post_autograd = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
-    if post_autograd is None:
+    Torch's core table maps every CompositeImplicitAutograd op to its decomposition,
+    and lists the ~500 of them by walking every operator registered with the
+    dispatcher (`_materialize_cpp_cia_ops`): `ember_decompositions()` took 0.35-0.41 s
+    of a fresh process's first compile on the H100 machine (cold_timeline.py). A
+    tracer below autograd sees such an op whole only where autograd would not have
+    decomposed it, that is where the op also has a CPU or CUDA kernel (or autograd is
+    off, as under inference mode); otherwise the op decomposes itself, to the same
+    ops. So this table keeps, of those entries, only the ops that also have a CPU or
+    CUDA kernel (nearest-neighbour upsampling, channel shuffle): found without the
+    walk, from the dispatcher's list of composite registrations and the Python
+    composite kernels of torch's decompositions. The first OpInfo sample of every op
+    (1818 traces: with and without gradients, and under inference mode) traces the
+    same graphs with either table (torch 2.15). `torch.export`'s `run_decompositions`
+    sees ops above autograd and uses the full table. On a torch without the private
+    helpers this builds from, it is the full table."""
+    try:
+        from torch._export.utils import _get_decomp_for_cia, _is_preservable_cia_op
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+
+        table: Table = dict(torch._decomp._core_aten_decompositions_post_autograd())
+        for op in _composites_with_kernels():
+            if op not in table and op not in PRESERVED_ATEN_CIA_OPS and _is_preservable_cia_op(op):
+                table[op] = _get_decomp_for_cia(op)
+    except (ImportError, AttributeError):
         return ember_decompositions()
-    return _ember_table(dict(post_autograd()))
+    return _ember_table(table)
+
+
+_DEVICE_KEYS = ("CPU", "CUDA")  # the devices ember compiles for
+
+
+def _composites_with_kernels() -> list[torch._ops.OpOverload]:
+    """ATen ops with a CompositeImplicitAutograd kernel (C++ or Python) that also have a
+    CPU or CUDA kernel."""
+
+    def has_device_kernel(name: str) -> bool:
+        return any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in _DEVICE_KEYS)
+
+    found: list[torch._ops.OpOverload] = []
+    for name in torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd"):
+        namespace, _, qualified = name.partition("::")
+        if namespace != "aten" or not has_device_kernel(name):
+            continue
+        op_name, _, overload = qualified.partition(".")
+        packet = getattr(torch.ops.aten, op_name, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if isinstance(op, torch._ops.OpOverload):
+            found.append(op)
+    composite = torch._C.DispatchKey.CompositeImplicitAutograd
+    for op in torch._decomp.decomposition_table:
+        if (
+            isinstance(op, torch._ops.OpOverload)
+            and composite in op.py_kernels
+            and has_device_kernel(op.name())
+        ):
+            found.append(op)
+    return found
 
 
 def _ember_table(table: Table) -> Table:
