@@ -137,6 +137,21 @@ def test_cse_keeps_buffers_that_are_written() -> None:
     assert count(gm, aten.zeros.default) == 2
 
 
+def test_cse_keeps_the_bases_of_distinct_outputs_distinct() -> None:
+    """Two equal products returned as views (two parameters' gradients in a backward
+    graph): merged, both outputs would be views of one tensor, and accumulating
+    gradients into them would add twice (found in review)."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * y).view(2, 2), (x * y).view(2, 2)
+
+    gm = fake_trace(f, torch.randn(4), torch.randn(4))
+    gm, _ = PassManager([eliminate_common_subexpressions], check=True).run(gm)
+    assert count(gm, aten.mul.Tensor) == 2
+    first, second = gm(torch.randn(4), torch.randn(4))
+    assert first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+
+
 def test_cse_keeps_each_data_dependent_size_symbol() -> None:
     """Two `.item()` calls on the same value bind two size symbols; later fake values
     are written in terms of them, so neither binding node is merged away."""

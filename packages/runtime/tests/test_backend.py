@@ -422,3 +422,33 @@ def test_a_ddp_model_in_buckets_gives_real_results(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout.strip().splitlines()[-1]) < 1e-4
+
+
+def test_two_parameters_gradients_stay_apart_across_accumulation() -> None:
+    """Equal gradient bases (`a.view(4) * x` and `b.view(4) * x`) must not merge: the
+    two `.grad`s would be one tensor, and a second backward would add into it twice
+    (found in review; both partitioners)."""
+
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.randn(2, 2))
+            self.b = torch.nn.Parameter(torch.randn(2, 2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (self.a.view(4) * x).sum() + (self.b.view(4) * x).sum()
+
+    x = torch.randn(4)
+    for partitioner in ("mincut", "save-all"):
+        torch._dynamo.reset()
+        model = Two()
+        compiled = torch.compile(model, backend="ember")
+        with config.scope(partitioner=partitioner):
+            for _ in range(2):
+                compiled(x).backward()
+        assert model.a.grad is not None and model.b.grad is not None
+        assert (
+            model.a.grad.untyped_storage().data_ptr() != model.b.grad.untyped_storage().data_ptr()
+        )
+        torch.testing.assert_close(model.a.grad.view(4), 2 * x)
+        torch.testing.assert_close(model.b.grad.view(4), 2 * x)

@@ -6,9 +6,9 @@ them apart afterwards:
   mutating or effectful ops);
 - each tensor argument's storage carries a version that every write to it bumps (via
   the fake values' storages), so `x.sum(); x.add_(1); x.sum()` keeps both sums;
-- a node whose own storage is ever written, or that is returned by the graph, keeps its
-  identity: merging would make one in-place update (or one caller's) visible through
-  the other name;
+- a node whose own storage is ever written, or that is returned by the graph or shares
+  its storage with an output, keeps its identity: merging would make one in-place
+  update (or one caller's) visible through the other name;
 - a node that introduces a data-dependent size symbol (`unbacked_bindings`) keeps it:
   later nodes' fake values are written in terms of that symbol.
 Graphs without fake values that contain mutation are left alone (no storages to track).
@@ -80,6 +80,10 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> PassResult:
 
     written = mutated_storages(nodes)
     returned = returned_nodes(gm)
+    # storages the graph's outputs live in: a node in one (an output's base, or a
+    # view of it) is kept apart, or two outputs would share memory (two parameters'
+    # gradients as views of one tensor, which accumulating gradients then doubles)
+    output_storages = {storage_key(n.meta.get("val")) for n in returned} - {None}
     version: dict[object, int] = {}
     rep: dict[torch.fx.Node, torch.fx.Node] = {}
     seen: dict[Any, torch.fx.Node] = {}
@@ -95,7 +99,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> PassResult:
             # symbol: later nodes' fake values are written in terms of it
             continue
         own = storage_key(node.meta.get("val"))
-        if own is not None and own in written:
+        if own is not None and (own in written or own in output_storages):
             continue
         try:
             key = (

@@ -416,6 +416,8 @@ class CompileSession:
             while True:
                 job = self._pending.get_nowait()
                 if job is not None:
+                    with self._lock:
+                        self._unstarted -= 1
                     if job[0] is not None:
                         _launcher_settled(job[0])
                     job[1]()

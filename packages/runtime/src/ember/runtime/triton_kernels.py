@@ -55,7 +55,7 @@ precompile_stats = dict.fromkeys(
         "compile s",
         "jobs",
         "by workers",
-        "ready workers",
+        "workers",
     ),
     0.0,
 )
@@ -145,7 +145,7 @@ class Precompiler:
         stats["compile s"] += time.perf_counter() - self._start
         stats["jobs"] += len(self._seen)
         stats["by workers"] += self._session.by_workers
-        stats["ready workers"] = max(stats["ready workers"], self._session.workers)
+        stats["workers"] = max(stats["workers"], self._session.workers)
 
 
 def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
