@@ -71,3 +71,21 @@ def test_the_guard_copies_only_mismatched_inputs() -> None:
     guarded([ok, odd])
     assert seen == [(0, (3, 1)), (5, (1, 2))]
     assert guard_layouts(call, [], "g") is call
+
+
+def test_broadcast_layouts_and_size_one_dimensions() -> None:
+    """An input traced as an expand (stride 0) but passed materialised is handed over
+    with stride 0 again (BERT's backward, a saved expand of the token-type ids); the
+    stride of a size-1 dimension is never compared."""
+    got: list[torch.Tensor] = []
+    guarded = guard_layouts(
+        lambda args: got.extend(args),
+        [InputLayout(0, (2, 3), (0, 1), 0, False), InputLayout(1, (1, 3), (3, 1), 0, False)],
+        "g",
+    )
+    row = torch.randn(3)
+    materialised, single = row.expand(2, 3).contiguous(), torch.randn(3, 1).t()
+    guarded([materialised, single])
+    assert got[0].stride() == (0, 1)
+    torch.testing.assert_close(got[0], materialised)
+    assert got[1] is single  # stride (1, 1) against (3, 1): only the size-1 dim differs

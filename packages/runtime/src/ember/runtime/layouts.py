@@ -67,32 +67,53 @@ def guard_layouts(
     call: Callable[[list[Any]], Any], layouts: Sequence[InputLayout], graph: str
 ) -> Callable[[list[Any]], Any]:
     """`call`, taking any input whose strides or storage offset differ from `layouts`
-    as a copy with the assumed layout (and copying written ones back)."""
-    checks = [(layout.index, layout.stride, layout.offset) for layout in layouts]
+    as a copy with the assumed layout (and copying written ones back). The stride of a
+    dimension of size 1 is never read, so it is not compared; empty inputs are not
+    checked."""
+    checks: list[tuple[int, tuple[int, ...] | None, tuple[int, ...], int]] = []
+    for layout in layouts:
+        if 0 in layout.size:
+            continue
+        dims = tuple(d for d, n in enumerate(layout.size) if n > 1)
+        checks.append(
+            (
+                layout.index,
+                None if len(dims) == len(layout.size) else dims,
+                layout.stride,
+                layout.offset,
+            )
+        )
     by_index = {layout.index: layout for layout in layouts}
     if not checks:
         return call
 
     def guarded(args: list[Any]) -> Any:
         moved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for index, stride, offset in checks:
+        for index, dims, stride, offset in checks:
             x = args[index]
             if not isinstance(x, torch.Tensor):
                 continue  # an effect token's place, say, which the wrapper ignores
-            if x.storage_offset() != offset or x.stride() != stride:
-                copy = _laid_out(x, by_index[index])
-                log.debug(
-                    "%s: input %d has strides %s at offset %d, compiled for %s at %d: copied",
-                    graph,
-                    index,
-                    x.stride(),
-                    x.storage_offset(),
-                    stride,
-                    offset,
-                )
-                if by_index[index].written:
-                    moved.append((x, copy))
-                args[index] = copy
+            if x.storage_offset() == offset:
+                if dims is None:
+                    if x.stride() == stride:
+                        continue
+                else:
+                    actual = x.stride()
+                    if all(actual[d] == stride[d] for d in dims):
+                        continue
+            copy = _laid_out(x, by_index[index])
+            log.debug(
+                "%s: input %d has strides %s at offset %d, compiled for %s at %d: copied",
+                graph,
+                index,
+                x.stride(),
+                x.storage_offset(),
+                stride,
+                offset,
+            )
+            if by_index[index].written:
+                moved.append((x, copy))
+            args[index] = copy
         if not moved:
             return call(args)
         result = call(args)
@@ -106,16 +127,18 @@ def guard_layouts(
 
 def _laid_out(x: torch.Tensor, layout: InputLayout) -> torch.Tensor:
     """A copy of `x` with `layout`'s strides at its storage offset (in a storage just
-    large enough)."""
+    large enough). Where `layout` broadcasts a dimension (stride 0), the compiled code
+    reads one slice for all: such an input was traced as an expand, equal along that
+    dimension, so the first slice is kept."""
     if x.shape != layout.size:
         raise RuntimeError(
             f"ember: input {layout.index} has sizes {tuple(x.shape)} where the compiled "
             f"graph expects {layout.size}; this is a bug in the guards, please report it"
         )
     extent = 1 + sum((n - 1) * s for n, s in zip(layout.size, layout.stride, strict=True))
-    needed = layout.offset + (extent if all(layout.size) else 0)
     with torch.no_grad():
-        storage = torch.empty(max(needed, 1), dtype=x.dtype, device=x.device)
-        copy = storage.as_strided(layout.size, layout.stride, layout.offset)
-        copy.copy_(x)
-    return copy
+        storage = torch.empty(layout.offset + extent, dtype=x.dtype, device=x.device)
+        kept = tuple(1 if s == 0 else n for n, s in zip(layout.size, layout.stride, strict=True))
+        source = x[tuple(slice(0, n) for n in kept)]
+        storage.as_strided(kept, layout.stride, layout.offset).copy_(source)
+    return storage.as_strided(layout.size, layout.stride, layout.offset)
