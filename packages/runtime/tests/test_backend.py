@@ -452,3 +452,35 @@ def test_two_parameters_gradients_stay_apart_across_accumulation() -> None:
         )
         torch.testing.assert_close(model.a.grad.view(4), 2 * x)
         torch.testing.assert_close(model.b.grad.view(4), 2 * x)
+
+
+def test_min_cut_with_ember_cse_saves_what_torchs_own_cse_saves() -> None:
+    """A value only the forward uses must not merge into one the backward needs
+    (`mean` here: the std's backward needs it, the second term does not), or the cut
+    saves it too (found in review: 3 saved values against torch's 2)."""
+    import copy
+
+    from torch._functorch import partitioners
+    from torch._functorch.aot_autograd import aot_function
+
+    from ember.runtime.backend import min_cut_partition
+
+    saved: dict[str, int] = {}
+
+    def both(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+        count = kwargs["num_fwd_outputs"]
+        for name, split in (
+            ("torch", partitioners.min_cut_rematerialization_partition),
+            ("ember", min_cut_partition),
+        ):
+            forward, _ = split(copy.deepcopy(joint), inputs, **kwargs)
+            (outputs,) = [n.args[0] for n in forward.graph.nodes if n.op == "output"]
+            saved[name] = len(outputs[count:])
+        return partitioners.min_cut_rematerialization_partition(joint, inputs, **kwargs)
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return x.std(-1).sum() + x.mean(-1, keepdim=True).sum()
+
+    x = torch.randn(16, 32, requires_grad=True)
+    aot_function(loss, fw_compiler=lambda gm, _: gm, partition_fn=both)(x).backward()
+    assert saved["ember"] == saved["torch"], saved

@@ -9,7 +9,7 @@ lower) and its default pipeline. See the package README for the files in order.
 from ember.graphpasses.channels_last import channels_last_convolutions, channels_last_training
 from ember.graphpasses.constant_folding import fold_constants
 from ember.graphpasses.conv_bias import convolution_bias_epilogue
-from ember.graphpasses.cse import eliminate_common_subexpressions
+from ember.graphpasses.cse import eliminate_common_subexpressions, merge_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
 from ember.graphpasses.decompositions import (
     EMBER_ADDITIONS,
@@ -82,6 +82,7 @@ __all__ = [
     "fold_constants",
     "insert_custom_op_guards",
     "match_pattern",
+    "merge_common_subexpressions",
     "named_pass",
     "normalise_views",
     "pad_matmul",

@@ -16,6 +16,7 @@ Graphs without fake values that contain mutation are left alone (no storages to 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -72,6 +73,16 @@ def _tensor_args(node: torch.fx.Node) -> list[torch.fx.Node]:
 )
 def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> PassResult:
     """Merge repeated pure computations into their first occurrence."""
+    return merge_common_subexpressions(gm)
+
+
+def merge_common_subexpressions(
+    gm: torch.fx.GraphModule, group: Callable[[torch.fx.Node], Hashable] | None = None
+) -> PassResult:
+    """The pass, where nodes merge only within the same `group(node)`: a joint forward
+    + backward graph groups by whether the backward needs the node, so that a value
+    only the forward uses never merges into one the backward needs (the partitioner
+    would then save it for the backward)."""
     nodes = list(gm.graph.nodes)
     has_mutation = any(is_mutating(n) for n in nodes)
     have_values = any(isinstance(n.meta.get("val"), torch.Tensor) for n in nodes)
@@ -103,6 +114,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> PassResult:
             continue
         try:
             key = (
+                group(node) if group is not None else None,
                 node.target,
                 _freeze(node.args, rep),
                 _freeze(node.kwargs, rep),

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import aot_module_simplified
@@ -24,7 +25,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from ember.graphpasses import (
     aot_decompositions,
     channels_last_training,
-    eliminate_common_subexpressions,
+    merge_common_subexpressions,
     rewrite_attention_pregrad,
 )
 from ember.runtime import compile_pool
@@ -70,16 +71,38 @@ def min_cut_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **k
     matcher (`torch._inductor.pattern_matcher`, for two helpers), which cost 1.74 s of
     a fresh process's first training step on the H100 machine (attention block,
     `python -X importtime`), more than the rest of ember's compile of that step.
-    Both merge repeated pure ops of the forward and backward before the cut; ember's
-    also keeps apart reads of a storage written in between (graphpasses/cse.py)."""
+    Both merge repeated pure ops of the forward and backward before the cut, and keep
+    a value only the forward uses apart from one the backward needs (else the cut
+    may save the merged value for the backward); ember's also keeps apart reads of a
+    storage written in between, and the bases of distinct outputs (cse.py)."""
     from torch._functorch import config as functorch_config
     from torch._functorch import partitioners
 
-    eliminate_common_subexpressions(joint_module)
+    merge_common_subexpressions(joint_module, group=_needed_by_backward(joint_module, kwargs))
     with functorch_config.patch(cse=False):
         return partitioners.min_cut_rematerialization_partition(
             joint_module, joint_inputs, **kwargs
         )
+
+
+def _needed_by_backward(
+    joint_module: torch.fx.GraphModule, kwargs: dict[str, Any]
+) -> Callable[[torch.fx.Node], bool]:
+    """Whether the backward's outputs (the joint graph's outputs after the forward's
+    `num_fwd_outputs`) depend on a node. Everything counts as needed where the split
+    point is unknown."""
+    count = kwargs.get("num_fwd_outputs")
+    if not isinstance(count, int):
+        return lambda node: True
+    output = next(n for n in reversed(joint_module.graph.nodes) if n.op == "output")
+    needed: set[torch.fx.Node] = set()
+    stack = [a for a in pytree.tree_leaves(output.args)[count:] if isinstance(a, torch.fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    return needed.__contains__
 
 
 def _channels_last_then(
