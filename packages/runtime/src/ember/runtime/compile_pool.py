@@ -399,27 +399,26 @@ class CompileSession:
         """Wait for every job (with `cancel`, for the running ones only)."""
         self._closing.set()
         if cancel:
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    job = self._pending.get_nowait()
-                    if job is not None:
-                        with self._lock:
-                            self._unstarted -= 1
-                        if job[0] is not None:
-                            _launcher_settled(job[0])
+            self._drain(run=False)
         for _ in self._threads:
             self._pending.put(None)
         for t in self._threads:
             t.join()
-        # jobs no worker took: the workers died, or none got ready in time
+        self._drain(run=True)  # jobs no worker took: they died, or none got ready in time
+
+    def _drain(self, run: bool) -> None:
+        """Take every queued job; settle its launcher claim, and compile it here if
+        `run`."""
         with contextlib.suppress(queue.Empty):
             while True:
                 job = self._pending.get_nowait()
-                if job is not None:
-                    with self._lock:
-                        self._unstarted -= 1
-                    if job[0] is not None:
-                        _launcher_settled(job[0])
+                if job is None:
+                    continue
+                with self._lock:
+                    self._unstarted -= 1
+                if job[0] is not None:
+                    _launcher_settled(job[0])
+                if run:
                     job[1]()
 
     def _feed(self, worker: _Worker) -> None:
