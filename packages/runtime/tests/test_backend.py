@@ -484,3 +484,25 @@ def test_min_cut_with_ember_cse_saves_what_torchs_own_cse_saves() -> None:
     x = torch.randn(16, 32, requires_grad=True)
     aot_function(loss, fw_compiler=lambda gm, _: gm, partition_fn=both)(x).backward()
     assert saved["ember"] == saved["torch"], saved
+
+
+def test_a_training_step_through_nonzero_matches_eager() -> None:
+    """`nonzero`'s row count is a data-dependent size: the wrapper checked the result's
+    strides with it before binding it (UnboundLocalError on the first call)."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        rows = (x > 0).nonzero()
+        return (x[rows[:, 0]] * w[:1]).sum()
+
+    torch.manual_seed(0)
+    x0, w0 = torch.randn(8, 4), torch.randn(4, 4)
+    results = []
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for fn in (f, torch.compile(f, backend="ember")):
+            x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+            out = fn(x, w)
+            out.backward()
+            results.append((out.detach(), x.grad, w.grad))
+    for ours, eager in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(ours, eager)

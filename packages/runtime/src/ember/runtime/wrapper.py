@@ -106,7 +106,8 @@ def generate_wrapper(
     if names:
         body.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
     body.append("args.clear()")
-    body += _bind_symbols(schedule)
+    bound: set[sympy.Symbol] = set()
+    body += _bind_symbols(schedule, bound)
     if schedule.memory.frees_at_entry:
         body.append(f"del {', '.join(schedule.memory.frees_at_entry)}")
     if program.rng_seed is not None:
@@ -120,11 +121,13 @@ def generate_wrapper(
         elif isinstance(step, ExternCall):
             body.append(_extern_line(w, step.node))
             node = step.node
+            if isinstance(node.symbol, sympy.Symbol):
+                bound.add(node.symbol)
             if not node.multi and not node.is_view and not node.writes_arguments:
-                body += _layout_check(w, step.node.name, step.node.outputs[0])
+                body += _layout_check(w, step.node.name, step.node.outputs[0], bound)
         elif isinstance(step, SelectOutput):
             body.append(f"{step.node.name} = {step.node.source}[{step.node.index}]")
-            body += _layout_check(w, step.node.name, step.node.layout)
+            body += _layout_check(w, step.node.name, step.node.layout, bound)
         if frees:
             body.append(f"del {', '.join(frees)}")
     outputs = [w.arg(o) for o in program.outputs]
@@ -141,10 +144,10 @@ def generate_wrapper(
     return WrapperSource("\n".join(header + ["    " + line for line in body]) + "\n", w.injected)
 
 
-def _bind_symbols(schedule: Schedule) -> list[str]:
-    """Lines binding each size symbol once, from the first input that carries it."""
+def _bind_symbols(schedule: Schedule, bound: set[sympy.Symbol]) -> list[str]:
+    """Lines binding each size symbol once, from the first input that carries it (the
+    symbols are added to `bound`)."""
     lines: list[str] = []
-    bound: set[sympy.Symbol] = set()
     for node in schedule.program.inputs:
         if isinstance(node, SizeInput) and isinstance(node.expr, sympy.Symbol):
             if node.expr not in bound:
@@ -188,19 +191,32 @@ def _seed_line(w: _Writer, schedule: Schedule) -> str:
     return f"{seed} = torch.randint(0, 2**62, (), dtype=torch.int64, device={w.arg(device)})"
 
 
-def _layout_check(w: _Writer, name: str, layout: Layout | None) -> list[str]:
+def _layout_check(
+    w: _Writer, name: str, layout: Layout | None, bound: set[sympy.Symbol]
+) -> list[str]:
     """Make an ATen result have the strides the IR planned for it.
 
     The IR reads extern results through the layout their FX metadata promised; an
     ATen kernel may pick other strides at run time (SDPA's backends differ, say), and
     reading through the wrong strides would be a silent wrong answer. A result with the
     promised strides costs one tuple comparison; any other is copied into them.
-    """
+
+    A data-dependent size (`nonzero`'s row count) is first bound from the result
+    itself: the graph's own binding of it comes later. Where a symbol would still be
+    unbound, the result is taken as it comes."""
     if layout is None:
         return []
+    lines = []
+    for dim, expr in enumerate(layout.size):
+        if isinstance(expr, sympy.Symbol) and expr not in bound:
+            bound.add(expr)
+            lines.append(f"{symbol_name(expr)} = {name}.size({dim})")
+    free = set().union(*(sympy.sympify(e).free_symbols for e in (*layout.size, *layout.stride)))
+    if not free <= bound:
+        return lines
     w.injected["ensure_layout"] = ensure_layout
     size, stride = w.arg(tuple(layout.size)), w.arg(tuple(layout.stride))
-    return [f"{name} = ensure_layout({name}, {size}, {stride})"]
+    return [*lines, f"{name} = ensure_layout({name}, {size}, {stride})"]
 
 
 def _extern_line(w: _Writer, node: ExternKernel) -> str:
