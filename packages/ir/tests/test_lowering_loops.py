@@ -475,3 +475,26 @@ def test_recompute_shared_values_only_where_it_moves_fewer_bytes() -> None:
     torch.testing.assert_close(recomputed[0], softmax_chain(x), rtol=1e-5, atol=1e-6)
     for fn, args in ((residual, (x, y)), (narrowing, (x,))):
         assert _stored(fn, *args, recompute=True)[0] == _stored(fn, *args, recompute=False)[0]
+
+
+def test_a_value_read_at_its_own_loop_variables_reuses_its_body() -> None:
+    """A same-shape consumer reads a value at the value's own loop variables; that
+    read returns the body already built, so lowering a pointwise chain builds each
+    link once (it rebuilt every earlier link at each step before)."""
+    from ember.ir.symbolic import loop_vars
+    from ember.ir.tensor import LazyTensor, buffer_loader
+
+    calls: list[int] = []
+    base = buffer_loader("x", Layout.contiguous(torch.device("cpu"), torch.float32, (4, 3)))
+
+    def counted(index: Any) -> Any:
+        calls.append(1)
+        return base(index)
+
+    value = LazyTensor(
+        torch.device("cpu"), torch.float32, (sympy.Integer(4), sympy.Integer(3)), counted
+    )
+    body = value.body()
+    assert value.loader(loop_vars(2)) is body and len(calls) == 1
+    other = value.loader((sympy.Integer(0), loop_vars(2)[1]))  # another index: built anew
+    assert other is not body and len(calls) == 2

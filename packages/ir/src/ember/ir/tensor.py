@@ -44,6 +44,21 @@ class LazyTensor:
     _body: Node | None = field(default=None, repr=False)
     _buffers: frozenset[str] | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        # A consumer of the same shape reads this value at its own loop variables, the
+        # index the body is built at: it gets the body built once instead of a rebuild.
+        # Without this, checking each value's body as it was lowered rebuilt every
+        # chain of pointwise ops once per link (convnext_tiny: 1246 body builds for 543
+        # nodes, 0.28 of lowering's 0.39 s).
+        build, own = self.loader, loop_vars(len(self.size))
+
+        def load(index: Index) -> Node:
+            if self._body is not None and tuple(index) == own:
+                return self._body
+            return build(index)
+
+        self.loader = load
+
     @property
     def ndim(self) -> int:
         return len(self.size)
