@@ -11,6 +11,7 @@ version are stored first, because eager computed them before the write.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 from typing import cast as type_cast
 
@@ -32,18 +33,36 @@ if TYPE_CHECKING:
 def snapshot_readers(lowering: GraphLowering, buffer: str) -> None:
     """Store every pending lazy value that reads `buffer` before it is overwritten:
     those values were computed before the mutation in program order."""
-    pending: list[LazyTensor] = []
-    for fx_node, value in lowering.env.items():
-        if not fx_node.users:
-            continue
-        for item in value if isinstance(value, tuple) else (value,):
-            if isinstance(item, LazyTensor) and (item.realized is None or item.borrowed):
-                pending.append(item)
-    for item in pending:
+    for item in _pending(lowering):
         if buffer in item.buffers():
             layout = Layout.contiguous(item.device, item.dtype, item.size)
             item.realized = lowering.store(Pointwise(item.size, item.body()), layout)
             item.borrowed = False
+
+
+class _Pending:
+    """The lazy values of a lowering still pending (not stored, or only borrowing a
+    buffer), kept up to date from one call to the next: the environment only grows,
+    one entry per FX node, and a value once stored stays stored. Walking the whole
+    environment at every write was quadratic: resnet50's training graph, 159 running
+    statistics writes over ~4000 nodes, spent 0.19 s in it."""
+
+    def __init__(self) -> None:
+        self.seen = 0  # environment entries looked at so far
+        self.items: list[LazyTensor] = []
+
+
+def _pending(lowering: GraphLowering) -> list[LazyTensor]:
+    state: _Pending = lowering.__dict__.setdefault("_pending_values", _Pending())
+    env = lowering.env
+    for fx_node, value in itertools.islice(env.items(), state.seen, None):
+        if fx_node.users:
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, LazyTensor):
+                    state.items.append(item)
+    state.seen = len(env)
+    state.items = [i for i in state.items if i.realized is None or i.borrowed]
+    return list(state.items)
 
 
 def mutate(lowering: GraphLowering, target: Any, value: LazyTensor) -> Any:
