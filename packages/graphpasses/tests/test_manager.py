@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -181,3 +182,37 @@ def test_default_pipeline_returns_pass_manager_and_keeps_graph_runnable() -> Non
     manager.sample_inputs, manager.check = inputs, True
     gm, _ = manager.run(gm)
     assert count(gm, aten.addmm.default) == 2
+
+
+def test_the_python_code_is_regenerated_once_per_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passes recompile after each change; without a value checker nothing runs the
+    module in between, so the pipeline regenerates its code once, at the end, and the
+    result runs the rewritten graph."""
+    gm, inputs = mlp_graph()
+    expected = gm(*inputs)
+
+    @named_pass("double_then_halve", (PRESERVES_VALUES,))
+    def double_then_halve(gm: torch.fx.GraphModule) -> PassResult:
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        (result,) = output.args[0]
+        with gm.graph.inserting_before(output):
+            doubled = gm.graph.call_function(aten.mul.Tensor, (result, 2.0))
+            halved = gm.graph.call_function(aten.mul.Tensor, (doubled, 0.5))
+        doubled.meta["val"] = halved.meta["val"] = result.meta["val"]
+        output.args = ((halved,),)
+        gm.recompile()
+        return PassResult(gm, True)
+
+    regenerated: list[int] = []
+    real = torch.fx.GraphModule.recompile
+
+    def counting(self: torch.fx.GraphModule) -> Any:
+        regenerated.append(1)
+        return real(self)
+
+    monkeypatch.setattr(torch.fx.GraphModule, "recompile", counting)
+    gm, report = PassManager([double_then_halve, double_then_halve]).run(gm)
+    assert len(regenerated) == 1 and all(r.changed for r in report.records)
+    assert "recompile" not in vars(gm)  # the stand-in is gone
+    assert count(gm, aten.mul.Tensor) >= 4
+    torch.testing.assert_close(gm(*inputs), expected)
