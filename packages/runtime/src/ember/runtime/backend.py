@@ -28,6 +28,7 @@ from ember.graphpasses import (
     merge_common_subexpressions,
     rewrite_attention_pregrad,
 )
+from ember.graphpasses.graph_edit import output_node
 from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
 from ember.runtime.config import config
@@ -94,7 +95,7 @@ def _needed_by_backward(
     count = kwargs.get("num_fwd_outputs")
     if not isinstance(count, int):
         return lambda node: True
-    output = next(n for n in reversed(joint_module.graph.nodes) if n.op == "output")
+    output = output_node(joint_module)
     needed: set[torch.fx.Node] = set()
     stack = [a for a in pytree.tree_leaves(output.args)[count:] if isinstance(a, torch.fx.Node)]
     while stack:

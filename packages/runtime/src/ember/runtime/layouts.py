@@ -70,26 +70,20 @@ def guard_layouts(
     as a copy with the assumed layout (and copying written ones back). The stride of a
     dimension of size 1 is never read, so it is not compared; empty inputs are not
     checked."""
-    checks: list[tuple[int, tuple[int, ...] | None, tuple[int, ...], int]] = []
+    # per checked input, its layout and the dimensions whose strides are compared
+    # (None: all of them, compared as one tuple)
+    checks: list[tuple[InputLayout, tuple[int, ...] | None]] = []
     for layout in layouts:
-        if 0 in layout.size:
-            continue
-        dims = tuple(d for d, n in enumerate(layout.size) if n > 1)
-        checks.append(
-            (
-                layout.index,
-                None if len(dims) == len(layout.size) else dims,
-                layout.stride,
-                layout.offset,
-            )
-        )
-    by_index = {layout.index: layout for layout in layouts}
+        if 0 not in layout.size:
+            dims = tuple(d for d, n in enumerate(layout.size) if n > 1)
+            checks.append((layout, None if len(dims) == len(layout.size) else dims))
     if not checks:
         return call
 
     def guarded(args: list[Any]) -> Any:
         moved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for index, dims, stride, offset in checks:
+        for layout, dims in checks:
+            index, stride, offset = layout.index, layout.stride, layout.offset
             x = args[index]
             if not isinstance(x, torch.Tensor):
                 continue  # an effect token's place, say, which the wrapper ignores
@@ -101,7 +95,7 @@ def guard_layouts(
                     actual = x.stride()
                     if all(actual[d] == stride[d] for d in dims):
                         continue
-            copy = _laid_out(x, by_index[index])
+            copy = _laid_out(x, layout)
             log.debug(
                 "%s: input %d has strides %s at offset %d, compiled for %s at %d: copied",
                 graph,
@@ -111,7 +105,7 @@ def guard_layouts(
                 stride,
                 offset,
             )
-            if by_index[index].written:
+            if layout.written:
                 moved.append((x, copy))
             args[index] = copy
         if not moved:

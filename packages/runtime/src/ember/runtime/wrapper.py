@@ -11,7 +11,7 @@ are injected into the module's globals by the loader.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,11 +154,21 @@ def _bind_symbols(schedule: Schedule, bound: set[sympy.Symbol]) -> list[str]:
                 bound.add(node.expr)
                 lines.append(f"{symbol_name(node.expr)} = {node.name}")
         elif isinstance(node, InputBuffer):
-            for method, exprs in (("size", node.layout.size), ("stride", node.layout.stride)):
-                for dim, expr in enumerate(exprs):
-                    if isinstance(expr, sympy.Symbol) and expr not in bound:
-                        bound.add(expr)
-                        lines.append(f"{symbol_name(expr)} = {node.name}.{method}({dim})")
+            lines += _bind_from(node.name, "size", node.layout.size, bound)
+            lines += _bind_from(node.name, "stride", node.layout.stride, bound)
+    return lines
+
+
+def _bind_from(
+    name: str, method: str, exprs: Sequence[sympy.Expr], bound: set[sympy.Symbol]
+) -> list[str]:
+    """Lines binding each not yet `bound` symbol among `exprs` from the tensor `name`'s
+    `size(d)` or `stride(d)` (the symbols are added to `bound`)."""
+    lines = []
+    for dim, expr in enumerate(exprs):
+        if isinstance(expr, sympy.Symbol) and expr not in bound:
+            bound.add(expr)
+            lines.append(f"{symbol_name(expr)} = {name}.{method}({dim})")
     return lines
 
 
@@ -206,11 +216,7 @@ def _layout_check(
     unbound, the result is taken as it comes."""
     if layout is None:
         return []
-    lines = []
-    for dim, expr in enumerate(layout.size):
-        if isinstance(expr, sympy.Symbol) and expr not in bound:
-            bound.add(expr)
-            lines.append(f"{symbol_name(expr)} = {name}.size({dim})")
+    lines = _bind_from(name, "size", layout.size, bound)
     free = set().union(*(sympy.sympify(e).free_symbols for e in (*layout.size, *layout.stride)))
     if not free <= bound:
         return lines
