@@ -7,10 +7,11 @@ the backward graph whatever the forward returned: `base[1]` then `base[2]` (same
 offsets 8 and 16), or a saved `x[1]` that the forward materialised in a fresh buffer
 while the backward was traced with the view's offset, were read at the wrong place.
 So a call first compares each input's strides and storage offset with the assumed
-ones (27 us for 200 inputs on a 2-core CPU machine) and passes a mismatched input as a
-copy laid out the assumed way; an input the graph writes to is copied back afterwards.
-Inputs whose layout is symbolic (dynamic shapes) are indexed through size arguments
-and are not checked here (`base[i]` at any row gives the right values there too).
+ones (27-44 us for 200 inputs on a 2-core CPU machine, with its load) and passes a
+mismatched input as a copy laid out the assumed way; an input the graph writes to is
+copied back afterwards. Inputs whose layout is symbolic (dynamic shapes) are indexed
+through size arguments and are not checked here (`base[i]` at any row gives the right
+values there too).
 """
 
 from __future__ import annotations
