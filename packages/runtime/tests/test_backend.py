@@ -65,6 +65,26 @@ def test_training_compiles_forward_and_backward() -> None:
     assert kinds == ["backward", "forward"]
 
 
+@pytest.mark.parametrize("when", ["eager", "lazy"])
+def test_backward_compiles_with_the_forward_or_at_the_first_backward(when: str) -> None:
+    model = MLP(16, 32, 4)
+    twin = MLP(16, 32, 4)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    start = len(compile_records)
+    with config.scope(backward=when):
+        out = torch.compile(twin, backend="ember")(x)
+        before_backward = sorted(r.graph.split("_")[0] for r in compile_records[start:])
+        out.sum().backward()
+    model(x).sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
+    after = sorted(r.graph.split("_")[0] for r in compile_records[start:])
+    assert before_backward == (["backward", "forward"] if when == "eager" else ["forward"])
+    assert after == ["backward", "forward"]  # compiled once either way
+
+
 class NormGelu(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

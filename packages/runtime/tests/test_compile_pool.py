@@ -292,6 +292,28 @@ def test_with_no_worker_ready_yet_the_jobs_wait_for_one(
     assert sorted(ran) == [0, 1, 2] and session.by_workers == 3 and starting.served == 3
 
 
+def test_a_sealed_session_compiles_its_jobs_before_anyone_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`seal` ends the adding without waiting: the workers take every job, and the
+    deferred `close` (a graph's first launch) then only collects them, as often as
+    it is called."""
+    monkeypatch.setattr(compile_pool, "_launchers", {})
+    up = _StubWorker({}, delay=0.05)
+    monkeypatch.setattr(compile_pool, "_workers", [up])
+    session = compile_pool.CompileSession(threads=1)
+    done = threading.Semaphore(0)
+    for i in range(4):
+        session.add(_request(tmp_path / "k.py", block=16 << i), done.release)
+    session.seal()
+    session.seal()
+    assert all(done.acquire(timeout=30) for _ in range(4))  # nobody waited on the session
+    assert up.served == 4
+    session.close()
+    session.close()
+    assert session.by_workers == 4
+
+
 def test_jobs_no_worker_took_are_compiled_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -439,6 +439,28 @@ def test_kernel_on_gpu(case: str) -> None:
     assert run_case(case, "cuda")["ok"]
 
 
+@pytest.mark.cuda
+def test_compiles_go_on_after_returning_and_the_first_launch_waits(tmp_path: Path) -> None:
+    """`compile_triton_kernels` returns while its kernels compile; the first launch
+    waits for them (then launches what was compiled, not a second compile)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from ember.runtime import triton_kernels
+
+    x = torch.randn(64, 256, device="cuda")
+    _, schedule = _lower(lambda a: a * 3 + 1, [x.cpu()], False)
+    (kernel,) = schedule.kernels
+    assert not kernel.size_arguments()
+    (launcher,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()
+    assert isinstance(launcher, triton_kernels.TritonLauncher)
+    pending = launcher.pending
+    assert pending is not None and not pending._finished
+    out = torch.empty_like(x)
+    launcher(*[out if name in kernel.outputs else x for name in kernel.buffer_arguments()])
+    assert launcher.pending is None and pending._finished
+    torch.testing.assert_close(out, x * 3 + 1)
+
+
 def _main(names: list[str]) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     for name in names:

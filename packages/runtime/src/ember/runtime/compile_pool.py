@@ -33,6 +33,7 @@ import atexit
 import contextlib
 import dataclasses
 import functools
+import importlib
 import logging
 import pickle
 import queue
@@ -292,10 +293,18 @@ def prepare_here() -> None:
 
     Both mostly wait on a subprocess or hash outside the interpreter lock, so they
     run side by side. Both are cached by Triton, so this changes no result; a failure
-    here is left to the compile that needs the same thing, which reports it."""
+    here is left to the compile that needs the same thing, which reports it.
+
+    A third thread imports what the first CUDA compile imports lazily
+    (`_prepare_imports`); the import system's module locks make the compile's own
+    import wait for it instead of repeating it."""
     if _preparing:
         return
-    for work, done in ((_prepare_driver, _driver_ready), (_prepare_key, _key_ready)):
+    for work, done in (
+        (_prepare_driver, _driver_ready),
+        (_prepare_key, _key_ready),
+        (_prepare_imports, threading.Event()),
+    ):
         thread = threading.Thread(
             target=_then_set, args=(work, done), name="ember-triton-prepare", daemon=True
         )
@@ -316,6 +325,22 @@ def _prepare_driver() -> None:
     from triton.runtime import driver
 
     driver.active.get_current_target()
+    # Triton 3.6 imports its gluon layer at a kernel's first capture (0.16 s under
+    # `-X importtime`); here, before captures may start, it cannot race theirs
+    with contextlib.suppress(ImportError):
+        importlib.import_module("triton.experimental.gluon.nvidia.hopper")
+
+
+def _prepare_imports() -> None:
+    """Modules a fresh process's first CUDA compile imports on its critical path
+    (`python -X importtime` of attention's first training step, H100 machine): sympy's
+    `sympy.tensor.tensor` (0.19 s with `sympy.combinatorics`), which sympy imports at
+    its first sum of expressions, in the lowering; and ember's Triton codegen
+    (0.07 s), imported when the compiler asks which ops it renders. Mostly file reads
+    (that machine's file system is slow to stat), so they overlap the tracing."""
+    for name in ("sympy.tensor.tensor", "ember.codegen.triton"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 def _prepare_key() -> None:
@@ -353,6 +378,10 @@ class CompileSession:
         ...
         session.close()  # waits for every job
 
+    or `session.seal()` when the last job is added, and `session.close()` later: the
+    jobs keep compiling while the caller does other work (the next graph's lowering)
+    and only the wait is deferred.
+
     A job is a request for a worker (None: it can only be compiled here) and `here`, a
     callable that compiles the job in this process or, after a worker compiled it,
     loads the binary from Triton's cache (the same warm-up does both). The workers
@@ -373,6 +402,7 @@ class CompileSession:
         self.by_workers = 0
         self._lock = threading.Lock()
         self._closing = threading.Event()
+        self._sealed = False
         self._unstarted = 0  # jobs added and not yet taken
         alive = [w for w in _workers if w.process.poll() is None]
         self.workers = len(alive)
@@ -395,13 +425,26 @@ class CompileSession:
                 self._unstarted -= 1
         return job
 
-    def close(self, cancel: bool = False) -> None:
-        """Wait for every job (with `cancel`, for the running ones only)."""
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def seal(self) -> None:
+        """No more jobs: the threads end once the queued ones are taken."""
+        with self._lock:
+            if self._sealed:
+                return
+            self._sealed = True
         self._closing.set()
-        if cancel:
-            self._drain(run=False)
         for _ in self._threads:
             self._pending.put(None)
+
+    def close(self, cancel: bool = False) -> None:
+        """Seal, then wait for every job (with `cancel`, for the running ones only)."""
+        if cancel:
+            self._closing.set()
+            self._drain(run=False)
+        self.seal()
         for t in self._threads:
             t.join()
         self._drain(run=True)  # jobs no worker took: they died, or none got ready in time

@@ -152,6 +152,15 @@ KNOBS: dict[str, Knob[Any]] = {
         "value the backward reads; 'auto' (default): mincut for CUDA graphs, save-all "
         "for CPU ones.",
     ),
+    "backward": Knob(
+        "EMBER_BACKWARD",
+        lambda text: _choice(text, ("auto", "eager", "lazy")),
+        lambda: "auto",
+        "When a training graph's backward compiles: 'eager' with its forward (its "
+        "kernels compile while the forward's do and while the forward runs), 'lazy' at "
+        "the first backward call (no compile for a forward never differentiated); "
+        "'auto' (default): eager for CUDA graphs, lazy for CPU ones.",
+    ),
     "logs": Knob(
         "EMBER_LOGS",
         lambda text: text.strip().lower(),
@@ -225,6 +234,10 @@ class EmberConfig:
     @property
     def partitioner(self) -> str:
         return str(self.get("partitioner"))
+
+    @property
+    def backward(self) -> str:
+        return str(self.get("backward"))
 
     @property
     def logs(self) -> str:

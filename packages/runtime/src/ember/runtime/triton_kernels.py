@@ -23,6 +23,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,9 +45,10 @@ _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes
 # in any CompileRecord.
 first_launch_seconds = [0.0]
 # What `Precompiler`s did, summed over graphs, for compile-time profiles.
-# "compile s" runs from the first kernel's rendering to the last compile; "waiting s"
-# is its part after the last kernel was rendered; "prepare wait s" is the wait for
-# `compile_pool.prepare_here`'s Triton set-up.
+# "compile s" runs from the first kernel's rendering to the end of the wait for the
+# compiles; "waiting s" is that wait (at the graph's first launch: the compiles run on
+# meanwhile); "prepare wait s" is the wait for `compile_pool.prepare_here`'s Triton
+# set-up.
 precompile_stats = dict.fromkeys(
     (
         "prepare wait s",
@@ -70,7 +72,9 @@ def compile_triton_kernels(
 ) -> dict[str, Callable[..., None]]:
     """A launcher per kernel name. Rendering errors (`UnsupportedKernelError`)
     propagate, so the caller can fall back for the graph. On a GPU, each kernel's
-    configs start compiling as soon as it is rendered (`Precompiler`)."""
+    configs start compiling as soon as it is rendered (`Precompiler`), and this
+    returns without waiting for them: the first launch of any of the graph's kernels
+    does."""
     launchers: dict[str, TritonLauncher] = {}
     precompiler = Precompiler() if not interpreting() and torch.cuda.is_available() else None
     try:
@@ -87,7 +91,12 @@ def compile_triton_kernels(
             precompiler.finish(cancel=True)
         raise
     if precompiler is not None:
-        precompiler.finish()
+        # the compiles go on while the caller lowers its next graph (a training
+        # step's backward, compiled right after the forward); the graph's first
+        # launch waits for them
+        precompiler.seal()
+        for launcher in launchers.values():
+            launcher.pending = precompiler
     return dict(launchers)
 
 
@@ -107,6 +116,12 @@ class Precompiler:
     sample value of each size symbol (64, an i32) matches real calls; a call needing
     64-bit sizes compiles its own variant lazily. Failures are ignored here: the lazy
     path reports them (or skips a config that does not fit) as before.
+
+    Once every kernel is added the session is sealed, not waited for: the wait
+    (`finish`) comes at the graph's first launch. Meanwhile the caller goes on; in a
+    training step it lowers the backward, whose compiles then overlap the forward's
+    (on the H100 machine, attention's first step waited for the backward's worker
+    compiles only after its forward had run).
     """
 
     def __init__(self) -> None:
@@ -114,6 +129,8 @@ class Precompiler:
         self._seen: set[tuple[str, LaunchConfig]] = set()
         self._session = compile_pool.CompileSession(threads=8)
         self._capturing = 0.0
+        self._lock = threading.Lock()
+        self._finished = False
 
     def add(self, launcher: TritonLauncher, device: torch.device) -> None:
         if device.type != "cuda":
@@ -136,13 +153,23 @@ class Precompiler:
         for request, here in jobs:
             self._session.add(request, here)
 
+    def seal(self) -> None:
+        """Every kernel is added; the compiles go on without a caller waiting."""
+        self._session.seal()
+
     def finish(self, cancel: bool = False) -> None:
-        waited = time.perf_counter()
-        self._session.close(cancel)
-        stats = precompile_stats
-        stats["capture s"] += self._capturing
-        stats["waiting s"] += time.perf_counter() - waited
-        stats["compile s"] += time.perf_counter() - self._start
+        """Wait for every compile (once: later calls, from any thread, return when
+        the first is done)."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            waited = time.perf_counter()
+            self._session.close(cancel)
+            stats = precompile_stats
+            stats["capture s"] += self._capturing
+            stats["waiting s"] += time.perf_counter() - waited
+            stats["compile s"] += time.perf_counter() - self._start
         stats["jobs"] += len(self._seen)
         stats["by workers"] += self._session.by_workers
         stats["workers"] = max(stats["workers"], self._session.workers)
@@ -222,6 +249,8 @@ class TritonLauncher:
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
         self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
         self._direct: dict[tuple[Any, ...], _DirectLaunch | None] = {}
+        # the graph's compiles, still running when compile_triton_kernels returned
+        self.pending: Precompiler | None = None
 
     def __call__(self, *args: Any) -> None:
         direct = self._direct.get(args[self._buffers :])
@@ -230,6 +259,10 @@ class TritonLauncher:
         self._call_through_jit(args)
 
     def _call_through_jit(self, args: tuple[Any, ...]) -> None:
+        if self.pending is not None:
+            # else Triton's jit would compile here what a worker is compiling
+            self.pending.finish()
+            self.pending = None
         start = time.perf_counter()
         kernel = self.kernel
         if len(args) != self._buffers + len(kernel.size_arguments):
