@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pickle
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -78,8 +81,8 @@ def workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     with config.scope(compile_workers=2):
         try:
             assert compile_pool.start(HOPPER) == 2
-            assert all(w.ready.wait(120) for w in compile_pool._workers)
-            yield compile_pool._workers
+            assert all(w.ready.wait(120) for w in compile_pool.workers())
+            yield compile_pool.workers()
         finally:
             compile_pool._close_all()
 
@@ -172,7 +175,7 @@ def test_a_cancelled_session_runs_no_queued_job() -> None:
 def test_workers_exit_when_closed() -> None:
     with config.scope(compile_workers=1):
         assert compile_pool.start() == 1
-        processes = [w.process for w in compile_pool._workers]
+        processes = [w.process for w in compile_pool.workers()]
         compile_pool._close_all()
     assert all(p.poll() is not None for p in processes)
 
@@ -237,6 +240,47 @@ def test_capture_gives_nothing_where_the_warm_up_compiles_nothing() -> None:
     assert compile_pool.capture(jit, "/k.py", 0, lambda: None) is None
     assert compile_pool.capture(object(), "/k.py", 0, lambda: None) is None  # not a jit
     assert jit.compile == jit.real_compile
+
+
+_ECHO = """
+import pickle, sys, time
+while True:
+    try:
+        request = pickle.load(sys.stdin.buffer)
+    except EOFError:
+        break
+    time.sleep(0.002)
+    pickle.dump(request, sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+"""
+
+
+def test_threads_sharing_a_worker_each_get_their_own_answer() -> None:
+    """Two sessions' feeders can use one worker at once (a sealed session still
+    running while the next graph's opens): each request gets its own reply."""
+    worker = compile_pool._Worker.__new__(compile_pool._Worker)
+    worker.process = subprocess.Popen(
+        [sys.executable, "-c", _ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    worker._lock = threading.Lock()
+    wrong: list[tuple[str, str]] = []
+
+    def ask(tag: str) -> None:
+        for i in range(40):
+            expected = f"{tag}{i}"
+            answer = worker.run(pickle.dumps(expected))
+            if answer != expected:
+                wrong.append((expected, answer))
+
+    try:
+        threads = [threading.Thread(target=ask, args=(t,)) for t in "abc"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        worker.close()
+    assert not wrong, wrong[:3]
 
 
 class _StubWorker:
