@@ -49,7 +49,7 @@ def test_a_worker_compile_is_a_cache_hit_here(
     try:
         with config.scope(compile_workers=1):
             assert compile_pool.start(compile_pool.cuda_target(device)) == 1
-            assert compile_pool._workers[0].ready.wait(120)
+            assert compile_pool.workers()[0].ready.wait(120)
             request = compile_pool.capture(fn, str(path), device.index or 0, warm)
             assert request is not None, "the jit's compile was not captured"
             assert not list((tmp_path / "cache").rglob("triple_plus.cubin"))  # not compiled
