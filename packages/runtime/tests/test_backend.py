@@ -85,6 +85,31 @@ def test_backward_compiles_with_the_forward_or_at_the_first_backward(when: str) 
     assert after == ["backward", "forward"]  # compiled once either way
 
 
+def test_a_backward_that_fails_to_compile_fails_the_backward_not_the_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With EMBER_STRICT, a backward compiled eagerly that fails raises at the first
+    backward call, where a lazily compiled one would: a forward alone still runs."""
+    from ember.runtime import backend
+
+    real = backend.compile_graph
+
+    def failing_backward(gm: Any, example_inputs: Any, *, name: str = "graph") -> Any:
+        if name == "backward":
+            raise RuntimeError("backward compile failed on purpose")
+        return real(gm, example_inputs, name=name)
+
+    monkeypatch.setattr(backend, "compile_graph", failing_backward)
+    model = MLP(16, 32, 4)
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    with config.scope(backward="eager", strict=True):
+        out = torch.compile(model, backend="ember")(x)
+        torch.testing.assert_close(out, model(x))
+        with pytest.raises(RuntimeError, match="backward compile failed on purpose"):
+            out.sum().backward()
+
+
 class NormGelu(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -358,6 +358,37 @@ def test_a_sealed_session_compiles_its_jobs_before_anyone_waits(
     assert session.by_workers == 4
 
 
+def test_cancelling_a_sealed_session_returns() -> None:
+    """A cancel drops the queued jobs, the stop marks of the earlier seal among them:
+    the threads still get theirs."""
+    ran: list[int] = []
+    with config.scope(compile_workers=0):
+        session = compile_pool.CompileSession(threads=2)
+        for i in range(6):
+            session.add(None, functools.partial(lambda i: (time.sleep(0.05), ran.append(i)), i))
+        session.seal()
+        closer = threading.Thread(target=session.close, kwargs={"cancel": True})
+        closer.start()
+        closer.join(30)
+    assert not closer.is_alive()
+    assert len(ran) < 6  # the queued ones were dropped
+
+
+def test_a_worker_that_cannot_start_leaves_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+
+    class Flaky:
+        def __init__(self, target: Any) -> None:
+            made.append(len(made))
+            if len(made) == 2:
+                raise OSError("no more processes")
+
+    monkeypatch.setattr(compile_pool, "_Worker", Flaky)
+    monkeypatch.setattr(compile_pool, "_workers", [])
+    compile_pool._spawn(None, 4)
+    assert len(made) == 4 and len(compile_pool._workers) == 3
+
+
 def test_jobs_no_worker_took_are_compiled_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

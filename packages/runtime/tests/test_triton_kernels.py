@@ -215,6 +215,22 @@ CASES: dict[str, Case] = {
             "atol": 1e-5,
         },
     ),
+    # a training batch norm's statistics (per channel, channels-last) and a row
+    # variance, split: Welford partials, then Chan's merge of the chunks
+    "split_welford": (
+        lambda x, y: (*torch.var_mean(x, (0, 2, 3), correction=0), torch.var(y, -1)),
+        lambda device: [
+            (torch.randn(16, 8, 6, 6, generator=torch.Generator().manual_seed(0)) + 20)
+            .to(device)
+            .to(memory_format=torch.channels_last),
+            torch.randn(2, 384, generator=torch.Generator().manual_seed(1)).to(device) - 5,
+        ],
+        {
+            "choices": DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8),
+            "atol": 1e-4,
+            "rtol": 1e-4,
+        },
+    ),
     # the IR interpreter cannot bind bare size symbols yet (ember.ir.symbolic.evaluate
     # returns a Python int from xreplace): dynamic cases compare with eager only
     "dynamic": (
@@ -402,6 +418,7 @@ def test_safe_softmax_where_is_the_softmax_epilogue(
 
 def test_split_case_splits(interpreter_results: dict[str, dict[str, Any]]) -> None:
     assert interpreter_results["split"]["partials"] == 2  # the column sum and the full sum
+    assert interpreter_results["split_welford"]["partials"] == 2  # both Welfords
 
 
 # -- launcher behaviour (no kernel runs) -------------------------------------------------
@@ -459,6 +476,31 @@ def test_compiles_go_on_after_returning_and_the_first_launch_waits(tmp_path: Pat
     launcher(*[out if name in kernel.outputs else x for name in kernel.buffer_arguments()])
     assert launcher.pending is None and pending._finished
     torch.testing.assert_close(out, x * 3 + 1)
+
+
+@pytest.mark.cuda
+def test_a_graph_reusing_a_kernel_still_compiling_waits_for_it(tmp_path: Path) -> None:
+    """A second graph with the same kernel source (the same jit function) does not
+    capture it again while the first graph's session loads it: its first launch
+    waits for that session instead."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from ember.runtime import triton_kernels
+
+    x = torch.randn(64, 256, device="cuda")
+    _, schedule = _lower(lambda a: a * 5 - 2, [x.cpu()], False)
+    (kernel,) = schedule.kernels
+    (first,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()
+    (second,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()
+    assert isinstance(first, triton_kernels.TritonLauncher)
+    assert isinstance(second, triton_kernels.TritonLauncher)
+    assert first.pending is not None and second.pending is not None
+    assert first.pending in second.pending._earlier
+    owner = first.pending
+    out = torch.empty_like(x)
+    second(*[out if name in kernel.outputs else x for name in kernel.buffer_arguments()])
+    assert owner._finished  # the second graph's first launch waited for the first's
+    torch.testing.assert_close(out, x * 5 - 2)
 
 
 def _main(names: list[str]) -> None:

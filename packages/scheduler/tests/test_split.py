@@ -105,8 +105,8 @@ def test_small_and_dynamic_reductions_stay_whole(lower: Callable[..., Program]) 
     assert len(schedule_program(dynamic, SMALL).kernels) == 1
 
 
-def test_welford_and_argmax_stay_whole(lower: Callable[..., Program]) -> None:
-    x = torch.randn(256, 4)
+def test_argmax_stays_whole_and_welford_merges_its_chunks(lower: Callable[..., Program]) -> None:
+    x = torch.randn(256, 4) + 3.0
 
     def stats(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (*torch.var_mean(t, 0), t.argmax(0))
@@ -114,13 +114,31 @@ def test_welford_and_argmax_stay_whole(lower: Callable[..., Program]) -> None:
     program = lower(stats, x)
     schedule = schedule_program(program, SMALL)
     kinds = [m.reduction for k in schedule.kernels for m in k.members if m.kind == "reduction"]
-    assert sorted(kinds) == ["argmax", "welford"]
+    # argmax whole; welford as chunk statistics, then a welford of the chunks' means
+    # and a sum of their M2s (Chan's merge)
+    assert sorted(kinds) == ["argmax", "sum", "welford", "welford"]
+    names = {n.name for n in schedule.program.nodes}
+    welford = next(n for n in program.nodes if getattr(n.loop, "kind", None) == "welford")
+    assert {f"{welford.name}_partial", f"{welford.name}_means", f"{welford.name}_m2s"} <= names
     check(program, schedule, stats, x)
 
 
 def bias_grad(h: torch.Tensor, gy: torch.Tensor, w: torch.Tensor) -> Any:
     g = torch.ops.aten.gelu_backward(gy, h)
     return g @ w, g.sum(0)
+
+
+def test_a_small_welford_stays_whole_on_the_gpu(lower: Callable[..., Program]) -> None:
+    """Splitting would add three kernels to one that reads 100 KB (convnext's final
+    layer norm); a batch norm's statistics over 64 x 112 x 112 rows split."""
+    def split(program: Program) -> bool:
+        nodes = schedule_program(program, GPU).program.nodes
+        return any(n.name.endswith("_partial") for n in nodes)
+
+    head = lower(lambda t: torch.var_mean(t, -1), torch.randn(64, 768))
+    assert not split(head)
+    stem = lower(lambda t: torch.var_mean(t, 0), torch.randn(64 * 112 * 112, 1))
+    assert split(stem)
 
 
 def test_partial_absorbs_the_prologue_and_final_the_epilogue(
@@ -166,6 +184,13 @@ CASES: dict[str, tuple[Callable[..., Any], list[torch.Tensor]]] = {
     "bf16_sum": (
         lambda t: t.sum(0),
         [torch.randn(64, 8).to(torch.bfloat16)],
+    ),
+    "var_mean_cols": (lambda t: torch.var_mean(t, 0), [torch.randn(256, 4) * 3 + 50]),
+    "var_rows": (lambda t: torch.var(t, -1, correction=0), [torch.randn(3, 512) - 7]),
+    # a training batch norm's statistics: per channel over N, H and W, channels-last
+    "batch_norm_stats": (
+        lambda t: torch.var_mean(t, (0, 2, 3), correction=0),
+        [(torch.randn(16, 4, 6, 6) + 20).to(memory_format=torch.channels_last)],
     ),
     "norm_backward": (
         lambda g, x, w: ((g * x).sum(0), g.sum(0), g * w),

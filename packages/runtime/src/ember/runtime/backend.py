@@ -151,11 +151,35 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
         # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
         keep_inference_input_mutations=True,
     )
-    with _backward_compile(config.backward == "eager" or (config.backward == "auto" and on_cuda)):
+    eager_backward = config.backward == "eager" or (config.backward == "auto" and on_cuda)
+    if eager_backward:
+        options["bw_compiler"] = _failing_at_first_call(options["bw_compiler"])
+    with _backward_compile(eager_backward):
         if kwargs or any(isinstance(x, list | tuple | dict) for x in example_inputs):
             # nested inputs: torch's helper flattens them first
             return aot_autograd(**options)(gm, example_inputs, **kwargs)
         return _aot(gm, example_inputs, options)
+
+
+def _failing_at_first_call(compiler: Callable[..., Any]) -> Callable[..., Any]:
+    """`compiler`, with an error (EMBER_STRICT: a backward that fails to compile
+    raises) raised where a lazily compiled backward would raise it: at the first
+    backward call, not at the forward's compile. A forward never differentiated
+    then runs, as it does with the backward compiled lazily."""
+
+    def compile_or_defer(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        try:
+            return compiler(gm, example_inputs)
+        except Exception as exc:
+            error = exc
+
+            def failed(args: list[Any]) -> Any:
+                raise error
+
+            failed._boxed_call = True  # type: ignore[attr-defined]
+            return failed
+
+    return compile_or_defer
 
 
 def _backward_compile(eager: bool) -> contextlib.AbstractContextManager[Any]:

@@ -271,8 +271,8 @@ _spawning: list[threading.Thread] = []
 def start(target: tuple[str, int, int] | None = None) -> int:
     """Start the workers (once) and, for a GPU `target` (Triton's backend, arch, warp
     size), this process's own Triton set-up in the background (`prepare_here`); how
-    many workers there are. Each worker warms up by compiling for `target` before it
-    says it is ready.
+    many workers there are (or are being started). Each worker warms up by compiling
+    for `target` before it says it is ready.
 
     The processes are started by a thread of their own: fifteen of them took 0.24 s
     of the caller's thread on the H100 machine (cold timeline of attention's first
@@ -293,8 +293,8 @@ def start(target: tuple[str, int, int] | None = None) -> int:
 
 
 def _spawn(target: tuple[str, int, int] | None, count: int) -> None:
-    with contextlib.suppress(OSError):  # a worker that cannot start is one fewer
-        for _ in range(count):
+    for _ in range(count):
+        with contextlib.suppress(OSError):  # a worker that cannot start is one fewer
             _workers.append(_Worker(target))
 
 
@@ -474,8 +474,13 @@ class CompileSession:
         """Seal, then wait for every job (with `cancel`, for the running ones only)."""
         if cancel:
             self._closing.set()
-            self._drain(run=False)
-        self.seal()
+            self._drain(run=False)  # drops the stop marks of an earlier seal too
+            with self._lock:
+                self._sealed = True
+            for _ in self._threads:
+                self._pending.put(None)
+        else:
+            self.seal()
         for t in self._threads:
             t.join()
         self._drain(run=True)  # jobs no worker took: they died, or none got ready in time

@@ -131,10 +131,22 @@ class Precompiler:
         self._capturing = 0.0
         self._lock = threading.Lock()
         self._finished = False
+        self._digests: set[str] = set()  # the kernel sources this one compiles
+        self._earlier: set[Precompiler] = set()  # unfinished ones compiling others here
 
     def add(self, launcher: TritonLauncher, device: torch.device) -> None:
         if device.type != "cuda":
             return
+        with _owners_lock:
+            owner = _owners.setdefault(launcher.digest, self)
+        if owner is not self:
+            # An earlier graph's session, still compiling, has this source (the same
+            # module, so the same jit function): capturing it here would swap the
+            # function's compile while that session's threads load it. Its binaries
+            # serve this graph too; this graph's first launch waits for them.
+            self._earlier.add(owner)
+            return
+        self._digests.add(launcher.digest)
         # a capture needs Triton's driver (after the first kernel, this returns at once)
         precompile_stats["prepare wait s"] += compile_pool.wait_prepared("driver")
         start = time.perf_counter()
@@ -166,6 +178,12 @@ class Precompiler:
             self._finished = True
             waited = time.perf_counter()
             self._session.close(cancel)
+            for earlier in self._earlier:  # never the other way round: no cycle
+                earlier.finish()
+            with _owners_lock:
+                for digest in self._digests:
+                    if _owners.get(digest) is self:
+                        del _owners[digest]
             stats = precompile_stats
             stats["capture s"] += self._capturing
             stats["waiting s"] += time.perf_counter() - waited
@@ -173,6 +191,11 @@ class Precompiler:
         stats["jobs"] += len(self._seen)
         stats["by workers"] += self._session.by_workers
         stats["workers"] = max(stats["workers"], self._session.workers)
+
+
+# kernel source digest -> the unfinished Precompiler compiling it
+_owners: dict[str, Precompiler] = {}
+_owners_lock = threading.Lock()
 
 
 def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
@@ -259,9 +282,10 @@ class TritonLauncher:
         self._call_through_jit(args)
 
     def _call_through_jit(self, args: tuple[Any, ...]) -> None:
-        if self.pending is not None:
+        pending = self.pending
+        if pending is not None:
             # else Triton's jit would compile here what a worker is compiling
-            self.pending.finish()
+            pending.finish()
             self.pending = None
         start = time.perf_counter()
         kernel = self.kernel
