@@ -465,9 +465,9 @@ def test_compiles_go_on_after_returning_and_the_first_launch_waits(tmp_path: Pat
     from ember.runtime import triton_kernels
 
     x = torch.randn(64, 256, device="cuda")
-    _, schedule = _lower(lambda a: a * 3 + 1, [x.cpu()], False)
+    _, schedule = _lower(lambda a: a * 3 + 1, [x], False)  # a CUDA kernel: precompiled
     (kernel,) = schedule.kernels
-    assert not kernel.size_arguments()
+    assert kernel.device.type == "cuda" and not kernel.size_arguments()
     (launcher,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()
     assert isinstance(launcher, triton_kernels.TritonLauncher)
     pending = launcher.pending
@@ -488,8 +488,9 @@ def test_a_graph_reusing_a_kernel_still_compiling_waits_for_it(tmp_path: Path) -
     from ember.runtime import triton_kernels
 
     x = torch.randn(64, 256, device="cuda")
-    _, schedule = _lower(lambda a: a * 5 - 2, [x.cpu()], False)
+    _, schedule = _lower(lambda a: a * 5 - 2, [x], False)
     (kernel,) = schedule.kernels
+    assert kernel.device.type == "cuda"
     (first,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()
     (second,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()
     assert isinstance(first, triton_kernels.TritonLauncher)

@@ -131,6 +131,7 @@ def bias_grad(h: torch.Tensor, gy: torch.Tensor, w: torch.Tensor) -> Any:
 def test_a_small_welford_stays_whole_on_the_gpu(lower: Callable[..., Program]) -> None:
     """Splitting would add three kernels to one that reads 100 KB (convnext's final
     layer norm); a batch norm's statistics over 64 x 112 x 112 rows split."""
+
     def split(program: Program) -> bool:
         nodes = schedule_program(program, GPU).program.nodes
         return any(n.name.endswith("_partial") for n in nodes)
