@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -54,6 +55,24 @@ def test_cli_runs_as_a_module_without_the_console_script() -> None:
     assert done.returncode == 0, done.stderr
     assert "resnet50" in done.stdout and "needs torchvision" in done.stdout
     assert torch.__version__  # the same interpreter runs the module
+
+
+def test_each_measurement_reaches_the_records_as_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--json` is rewritten after every measurement: a run killed from outside keeps
+    the rows it finished."""
+    from ember.runtime.bench import harness
+
+    def fake_finish(job: Any, timeout_s: float) -> dict[str, Any]:
+        return {"ms": 2.0 if job.record.backend == "eager" else 1.0, "compile_s": 0.1}
+
+    monkeypatch.setattr(harness, "_start", lambda job, options: None)
+    monkeypatch.setattr(harness, "_release", lambda job, go: None)
+    monkeypatch.setattr(harness, "_finish", fake_finish)
+    seen: list[list[float | None]] = []
+    options = BenchOptions(["mlp"], ["inference"], ["eager", "ember"], warm=False, prefetch=False)
+    records = run_bench(options, lambda rs: seen.append([r.ms for r in rs]))
+    assert seen == [[2.0, None], [2.0, 1.0]]
+    assert records[1].speedup_vs_eager == 2.0
 
 
 def test_the_time_limit_ends_the_run_and_records_what_was_not_run() -> None:

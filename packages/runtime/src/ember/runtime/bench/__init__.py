@@ -101,7 +101,8 @@ def run_cli(args: argparse.Namespace) -> int:
         models, modes, backends, args.device, args.dtype, args.runs, args.threads, not args.no_warm,
         args.timeout, args.time_limit, args.prefetch,
     )  # fmt: skip
-    records = run_bench(options)
+    json_path = args.json
+    records = run_bench(options, (lambda rs: write_json(rs, json_path)) if json_path else None)
     print(format_records(records))
     if args.json is not None:
         write_json(records, args.json)

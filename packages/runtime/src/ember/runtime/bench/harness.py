@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,8 +190,13 @@ def dtype_for(options: BenchOptions) -> str:
     return options.dtype or ("float32" if options.device == "cpu" else "bfloat16")
 
 
-def run_bench(options: BenchOptions) -> list[BenchRecord]:
-    """Measure every selected (model, mode, backend); skipped models get a record too."""
+def run_bench(
+    options: BenchOptions, on_record: Callable[[list[BenchRecord]], None] | None = None
+) -> list[BenchRecord]:
+    """Measure every selected (model, mode, backend); skipped models get a record too.
+    `on_record` sees all the records after each measurement (the finished ones
+    filled in), so a run stopped from outside (a device call's own time limit) keeps
+    what it measured: `--json` writes them each time."""
     specs = [MODELS[name] for name in options.models]
     dtype = dtype_for(options)
     records: list[BenchRecord] = []
@@ -211,12 +217,11 @@ def run_bench(options: BenchOptions) -> list[BenchRecord]:
                     warm = options.warm and backend != "eager"
                     for phase in ["cold"] + (["warm"] if warm else []):
                         jobs.append(_Job(record, spec, phase, cache / f"{phase}.json"))
-        _run_jobs(jobs, options)
-    _fill_speedups(records)
-    return records
+        _run_jobs(jobs, options, lambda: on_record(_with_speedups(records)) if on_record else None)
+    return _with_speedups(records)
 
 
-def _run_jobs(jobs: list[_Job], options: BenchOptions) -> None:
+def _run_jobs(jobs: list[_Job], options: BenchOptions, measured: Callable[[], None]) -> None:
     progress = Progress(len(jobs))
     start = time.perf_counter()
     for number, job in enumerate(jobs):
@@ -239,6 +244,7 @@ def _run_jobs(jobs: list[_Job], options: BenchOptions) -> None:
         result = _finish(job, min(options.timeout_s, left))  # the limit bounds the run
         progress.done += 1
         _merge(record, job.phase, result)
+        measured()
     progress.finish()
 
 
@@ -262,12 +268,13 @@ def _merge(record: BenchRecord, phase: str, result: dict[str, Any]) -> None:
         record.notes.append(f"{result['ran_eagerly']} graph(s) ran eagerly after a compile failure")
 
 
-def _fill_speedups(records: list[BenchRecord]) -> None:
+def _with_speedups(records: list[BenchRecord]) -> list[BenchRecord]:
     eager = {(r.model, r.mode): r.ms for r in records if r.backend == "eager" and r.ms}
     for r in records:
         base = eager.get((r.model, r.mode))
         if base and r.ms:
             r.speedup_vs_eager = base / r.ms
+    return records
 
 
 def default_models(device: str) -> list[str]:
