@@ -456,10 +456,6 @@ class CompileSession:
                 self._unstarted -= 1
         return job
 
-    @property
-    def sealed(self) -> bool:
-        return self._sealed
-
     def seal(self) -> None:
         """No more jobs: the threads end once the queued ones are taken."""
         with self._lock:
@@ -474,13 +470,10 @@ class CompileSession:
         """Seal, then wait for every job (with `cancel`, for the running ones only)."""
         if cancel:
             self._closing.set()
-            self._drain(run=False)  # drops the stop marks of an earlier seal too
+            self._drain(run=False)
             with self._lock:
-                self._sealed = True
-            for _ in self._threads:
-                self._pending.put(None)
-        else:
-            self.seal()
+                self._sealed = False  # an earlier seal's stop marks were drained too
+        self.seal()
         for t in self._threads:
             t.join()
         self._drain(run=True)  # jobs no worker took: they died, or none got ready in time

@@ -157,10 +157,8 @@ def _partial_index(partial: ComputedBuffer, column: bool, outputs: int) -> sympy
         chunk, outer = strides[0], strides[1 : outputs + 1]
     else:
         chunk, outer = strides[outputs], strides[:outputs]
-    index: sympy.Expr = index_var("r", 0) * chunk
-    for k, stride in enumerate(outer):
-        index = index + index_var("i", k) * stride
-    return sympy.expand(index)
+    variables = [index_var("r", 0), *(index_var("i", k) for k in range(outputs))]
+    return _point(variables, (chunk, *outer))
 
 
 def _final_welford(
