@@ -39,6 +39,7 @@ def partial_sum(  # type: ignore[no-untyped-def]  # jit kernel
     POLICY: tl.constexpr,
     SPLITS: tl.constexpr,
     SPLIT_FAST: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
 ):
     tiles: tl.constexpr = N // XBLOCK
     pid = tl.program_id(0)
@@ -52,7 +53,10 @@ def partial_sum(  # type: ignore[no-untyped-def]  # jit kernel
     base = split * CHUNK
     acc = tl.full([XBLOCK, RBLOCK], 0, tl.float32)
     for r in range(0, CHUNK, RBLOCK):
-        rows = base + r + tl.arange(0, RBLOCK)[None, :]
+        if INTERLEAVE:  # chunk s takes rows s, s + SPLITS, s + 2 * SPLITS, ...
+            rows = (r + tl.arange(0, RBLOCK)[None, :]) * SPLITS + split
+        else:  # chunk s takes the rows [s * CHUNK, (s + 1) * CHUNK)
+            rows = base + r + tl.arange(0, RBLOCK)[None, :]
         mask = (rows < M) & (cols < N)
         v = tl.load(x_ptr + rows * N + cols, mask, other=0.0, eviction_policy=POLICY)
         acc = acc + tl.where(mask, v.to(tl.float32), 0)
@@ -68,9 +72,18 @@ def final_sum(p_ptr, out_ptr, N: tl.constexpr, S: tl.constexpr, XBLOCK: tl.const
 
 
 def column_sum(
-    x: torch.Tensor, xb: int, rb: int, warps: int, splits: int, policy: str = "", fast: bool = False
+    x: torch.Tensor,
+    xb: int,
+    rb: int,
+    warps: int,
+    splits: int,
+    policy: str = "",
+    fast: bool = False,
+    interleave: bool = False,
+    final: bool = True,
 ) -> Callable[[], torch.Tensor]:
-    """A two-kernel column sum of `x` with this config, as a callable."""
+    """A two-kernel column sum of `x` with this config, as a callable (only its first
+    kernel, the partial sums, when not `final`)."""
     part = torch.empty(splits, N, device=x.device, dtype=torch.float32)
     out = torch.empty(N, device=x.device, dtype=torch.bfloat16)
     final_block = max(1, min(64, 8192 // splits))
@@ -78,8 +91,22 @@ def column_sum(
 
     def step() -> torch.Tensor:
         partial_sum[grid](
-            x, part, M, N, M // splits, xb, rb, policy, splits, fast, num_warps=warps, num_stages=1
+            x,
+            part,
+            M,
+            N,
+            M // splits,
+            xb,
+            rb,
+            policy,
+            splits,
+            fast,
+            interleave,
+            num_warps=warps,
+            num_stages=1,
         )
+        if not final:
+            return part
         final_sum[(N // final_block,)](part, out, N, splits, final_block, num_warps=4)
         return out
 
@@ -108,7 +135,57 @@ GRIDS: dict[str, Iterable[tuple[int, int, int, int]]] = {
         (64, 16, 2, 256),
     ],
     "policies": [(64, 64, 4, 16), (64, 32, 2, 32), (1024, 8, 4, 128), (4096, 4, 16, 256)],
+    # `--grid order`: chunked against interleaved rows, with and without the final kernel
+    "order": [
+        (64, 32, 4, 32),
+        (64, 64, 4, 16),
+        (64, 32, 4, 64),
+        (128, 32, 4, 32),
+        (128, 16, 4, 64),
+        (256, 16, 4, 32),
+    ],
+    # `--grid few`: one to four chunks of narrow columns, about one wave of programs;
+    # the partial kernel alone is the time a one-kernel column sum would take
+    "few": [
+        (16, 128, 4, 1),
+        (16, 256, 4, 1),
+        (32, 64, 4, 1),
+        (32, 128, 4, 1),
+        (32, 256, 8, 1),
+        (32, 128, 4, 2),
+        (64, 64, 4, 2),
+        (64, 128, 8, 2),
+        (64, 64, 4, 4),
+        (128, 32, 4, 4),
+    ],
 }
+
+
+def order_table(x: torch.Tensor, ref: torch.Tensor, copy_us: dict[str, float], grid: str) -> None:
+    """Each config of `grid` chunked and interleaved, whole and its partial kernel alone,
+    under both flushes: where the time above the copy's floor goes."""
+    flushes = _flushes()
+    for xb, rb, warps, splits in GRIDS[grid]:
+        for interleave in (False, True) if splits > 1 else (False,):
+            whole = column_sum(x, xb, rb, warps, splits, interleave=interleave)
+            partial = column_sum(x, xb, rb, warps, splits, interleave=interleave, final=False)
+            error = (whole().float() - ref).abs().max().item()
+            cells = []
+            for name, flush in flushes.items():
+                for fn in (whole, partial):
+                    us = median_us(fn, flush)
+                    cells.append(f"{name} {us:6.1f} us {copy_us[name] / 2 / us * 100:5.1f}%")
+            order = "interleaved" if interleave else "chunked"
+            print(
+                f"{xb:4d} x {rb:3d} w{warps} S{splits:3d} {order:11s} err {error:.2g}: "
+                + " | ".join(cells),
+                flush=True,
+            )
+
+
+def _flushes() -> dict[str, Callable[[], object]]:
+    buffer = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    return {"zero": lambda: buffer.zero_(), "read": lambda: buffer.view(torch.int32).sum()}
 
 
 def median_us(fn: Callable[[], object], flush: Callable[[], object], n: int = 40) -> float:
@@ -141,6 +218,11 @@ def main() -> None:
         flush_buffer.zero_()
 
     copy = median_us(lambda: y.copy_(x), flush)
+    if args.grid in ("order", "few"):
+        copies = {name: median_us(lambda: y.copy_(x), f) for name, f in _flushes().items()}
+        print("copy " + ", ".join(f"{k} flush {v:.1f} us" for k, v in copies.items()))
+        order_table(x, ref, copies, args.grid)
+        return
     print(f"copy {copy:.1f} us; 90% of the copy's bandwidth for the sum: {copy / 2 / 0.9:.1f} us")
     policies = ("", "evict_first", "evict_last") if args.grid == "policies" else ("",)
     rows = []

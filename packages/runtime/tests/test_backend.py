@@ -354,28 +354,29 @@ def test_training_runs_channels_last_end_to_end_with_eager_gradients() -> None:
 
 
 def test_recompute_knob_keeps_eager_numbers_with_fewer_stored_values() -> None:
-    """EMBER_RECOMPUTE=all: softmax_chain's row softmax is recomputed by its two
-    readers instead of stored (one full-size buffer fewer), with eager's numbers."""
+    """EMBER_RECOMPUTE=all: a ReLU's float32 gradient (from a bool mask and a bfloat16
+    gradient, so wider than its inputs) is recomputed by its three readers instead of
+    stored (one full-size buffer fewer), with eager's numbers."""
 
-    def chain(x: torch.Tensor) -> torch.Tensor:
-        first = torch.softmax(x * 0.125, dim=-1)
-        return torch.log_softmax(first * x, dim=-2) + first
+    def relu_grad(mask: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        g = torch.where(mask, 0.0, dy).float()
+        return g.sum(0), (g * dy.float()).sum(0), g * 3
 
-    x = torch.randn(3, 64, 48)
-    before_first_kernel = []
+    mask, dy = torch.randn(192, 48) > 0, torch.randn(192, 48).to(torch.bfloat16)
+    full_size = []
     for setting in ("off", "all"):
         start = len(compile_records)
         torch._dynamo.reset()
         with config.scope(recompute=setting), torch.no_grad():
-            actual = torch.compile(chain, backend="ember")(x)
-        torch.testing.assert_close(actual, chain(x), rtol=1e-5, atol=1e-6)
+            actual = torch.compile(relu_grad, backend="ember")(mask, dy)
+        torch.testing.assert_close(actual, relu_grad(mask, dy))
         (record,) = compile_records[start:]
         assert record.wrapper_path is not None
         source = record.wrapper_path.read_text()
-        before_first_kernel.append(source[: source.index("k0_")].count("empty_strided([3, 64, 48]"))
-    # the first kernel (the row softmax) no longer writes a full-size output: it
-    # stores its small row statistics, and the later kernels recompute from x
-    assert before_first_kernel == [1, 0]
+        full_size.append(source[: source.index("k0_")].count("empty_strided([192, 48]"))
+    # the first kernel (the two column sums) no longer writes the gradient for the
+    # last one to read: that kernel recomputes it from the mask and dy
+    assert full_size == [1, 0]
 
 
 def test_fuzzer_seed_60799_in_place_write_keeps_eager_numbers() -> None:

@@ -138,10 +138,10 @@ KNOBS: dict[str, Knob[Any]] = {
     "recompute": Knob(
         "EMBER_RECOMPUTE",
         lambda text: _choice(text, ("off", "cuda", "all")),
-        lambda: "off",
-        "Recompute a value read by several kernels instead of storing it, where that "
-        "moves fewer bytes (a softmax's output read by two reductions): 'cuda' for "
-        "CUDA graphs, 'all' for every device, 'off' (default: not yet measured on a GPU).",
+        lambda: "cuda",
+        "Recompute a value read by several kernels instead of storing it where it is "
+        "wider than its inputs (a batch norm backward's float32 ReLU gradient): 'cuda' "
+        "(default) for CUDA graphs, 'all' for every device too, 'off'.",
     ),
     "partitioner": Knob(
         "EMBER_PARTITIONER",
