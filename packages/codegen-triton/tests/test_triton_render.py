@@ -165,3 +165,25 @@ def test_literals_round_as_torch_stores_them(dtype: torch.dtype) -> None:
         expected = float(torch.tensor(value, dtype=dtype).item())
         assert round_to(value, dtype) == expected, value
     assert math.isnan(round_to(float("nan"), dtype))
+
+
+def test_a_column_sum_through_a_reshape_of_permuted_tensors_tiles_the_columns() -> None:
+    """The bias gradient of a fused q, k, v projection sums three [B, T, H, D]
+    gradients read as one [B*T, 3*H*D] matrix: each column index is contiguous in runs
+    of H*D (floor divisions and remainders, not affine), and such a column sum must
+    still get [columns x rows] tiles; vit_base's ran 2 to 8 columns by 512 rows."""
+    from ember.codegen.triton.plan import _outer_contiguous
+
+    def qkv_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # [B, H, T, D] gradients as the projection's [B*T, 3*H*D] output gradient
+        stacked = torch.stack([q, k, v]).permute(1, 3, 0, 2, 4)  # [B, T, 3, H, D]
+        return stacked.reshape(q.shape[0] * q.shape[2], -1).float()
+
+    shapes = [(4, 2, 6, 8)] * 3
+    kernels = fused_kernels(lambda *g: qkv_grad(*g).sum(0), *(randn(*s) for s in shapes))
+    (column_sum,) = [k for k in kernels if k.reduction_ranges]
+    assert _outer_contiguous(column_sum)
+    # a row sum of the same reshape still reads along its rows
+    kernels = fused_kernels(lambda *g: qkv_grad(*g).sum(1), *(randn(*s) for s in shapes))
+    (row_sum,) = [k for k in kernels if k.reduction_ranges]
+    assert not _outer_contiguous(row_sum)
