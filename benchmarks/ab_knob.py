@@ -9,8 +9,9 @@ than most changes a setting makes. Here each variant compiles a copy of the mode
 under `config.scope(knob=value)` (the backward too: it compiles with the forward on
 CUDA), then the variants' timings alternate round by round, so drift of the machine
 falls on all of them alike. Prints the median over rounds of each variant's median
-step (ms) and its ratio to the first variant; `--inductor` adds Inductor as a
-yardstick (product code never imports it; this benchmark may).
+step (ms) and the first variant's time over it (above 1: faster than the first);
+`--inductor` adds Inductor as a yardstick (product code never imports it; this
+benchmark may).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import ember.runtime  # noqa: F401  (registers the backend)
 from ember.runtime import compile_records, config
 from ember.runtime.bench.measure import prepare, step_fn
+from ember.runtime.config import KNOBS
 from ember.runtime.timing import median_ms, synchronize
 
 _counter = itertools.count()
@@ -43,7 +45,7 @@ def variants(
         before = len(compile_records)
         compiled = _fresh_code(copy.deepcopy(model), "ember" if value else "inductor")
         step = step_fn(compiled, inputs, mode)
-        with config.scope(**({knob: value} if value else {})):
+        with config.scope(**({knob: KNOBS[knob].parse(value)} if value else {})):
             step()
         if value and len(compile_records) == before:
             raise RuntimeError(f"{name} {mode}: {knob}={value} compiled nothing (cache hit)")
@@ -86,9 +88,12 @@ def main() -> None:
         for mode in args.modes.split(","):
             steps = variants(name, mode, args.knob, values, args.inductor, device)
             times: dict[str, list[float]] = {key: [] for key in steps}
+            compiled = len(compile_records)
             for _ in range(args.rounds):
                 for key, step in steps.items():
                     times[key].append(median_ms(step, device, runs=20))
+            if len(compile_records) != compiled:  # it would compile under the default
+                raise RuntimeError(f"{name} {mode}: recompiled while timing")
             medians = {key: statistics.median(t) for key, t in times.items()}
             first = next(iter(medians.values()))
             cells = "".join(f"{m:9.3f} ({first / m:5.3f})" for m in medians.values())

@@ -1,6 +1,6 @@
 """Split column sums (`x.sum(0)`, 32768 x 4096 bf16) over tile, split and warp choices.
 
-    python benchmarks/sum_cols_sweep.py [--grid wide|tall|more|policies]
+    python benchmarks/sum_cols_sweep.py [--grid wide|tall|more|policies|order|few]
 
 The kernels have the shape of ember's sum_cols schedule (benchmarks/triton_kernels.py):
 a partial sum of each column over each of SPLITS row chunks ([XBLOCK columns x RBLOCK

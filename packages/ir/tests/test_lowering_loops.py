@@ -490,6 +490,35 @@ def test_recompute_shared_only_values_wider_than_their_inputs() -> None:
         assert _stored(fn, *args, recompute=True)[0] == _stored(fn, *args, recompute=False)[0]
 
 
+def test_an_extern_writing_its_argument_stores_the_values_read_before() -> None:
+    """`renorm_` (an extern) writes dy in place in a graph that is not functionalized:
+    a value computed from dy before it, still pending, is stored first, whether it has
+    one reader or is shared and would be recomputed; read after the write it took the
+    new dy (error 8.4 against eager)."""
+
+    def shared(mask: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.where(mask, 0.0, dy).float()
+        total = g.sum(0)
+        dy.renorm_(2, 0, 0.5)
+        return total, g * 3
+
+    def single(mask: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+        g = torch.where(mask, 0.0, dy).float()
+        dy.renorm_(2, 0, 0.5)
+        return g * 3
+
+    mask, dy = torch.randn(8, 6) > 0, torch.randn(8, 6)
+    for fn in (shared, single):
+        for recompute in (False, True):
+            gm = make_fx(fn)(mask, dy.clone())
+            options = LoweringOptions(loops=True, recompute_shared=recompute)
+            actual = run_program(lower_graph(gm, options=options), [mask, dy.clone()])
+            expected = fn(mask, dy.clone())
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            for a, e in zip(actual, expected, strict=True):
+                torch.testing.assert_close(a, e)
+
+
 def test_a_value_read_at_its_own_loop_variables_reuses_its_body() -> None:
     """A same-shape consumer reads a value at the value's own loop variables; that
     read returns the body already built, so lowering a pointwise chain builds each

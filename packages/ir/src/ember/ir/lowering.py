@@ -87,7 +87,8 @@ class LoweringOptions:
     realize_reads: int = 1
     max_inline_cost: int = 200
     # Recompute a shared value wider than its inputs instead of storing it (see
-    # `GraphLowering._cheaper_to_recompute`); off unless the runtime asks (EMBER_RECOMPUTE).
+    # `GraphLowering._cheaper_to_recompute`); the runtime asks for CUDA graphs
+    # (EMBER_RECOMPUTE).
     recompute_shared: bool = False
     recompute_cost: int = 32
 
@@ -614,12 +615,12 @@ class GraphLowering:
                 cost > self.options.realize_cost
                 or result.buffers_read() > self.options.realize_reads
             )
-            and not self._cheaper_to_recompute(result, cost, users)
+            and not self._cheaper_to_recompute(result, cost)
         ):
             self.realize(result)
         return result
 
-    def _cheaper_to_recompute(self, value: LazyTensor, cost: int, users: int) -> bool:
+    def _cheaper_to_recompute(self, value: LazyTensor, cost: int) -> bool:
         """Whether every reader should recompute `value` instead of one kernel storing
         it: a cheap body, reading buffers of the value's size and otherwise only
         buffers at most 1/16 of it (per-row statistics, per-channel parameters), whose
@@ -668,15 +669,24 @@ class GraphLowering:
         return value
 
     def _check_extern_mutation(self, node: torch.fx.Node) -> None:
-        """An extern that writes an argument must get the real buffer, not a copy."""
+        """An extern that writes an argument must get the real buffer, not a copy; the
+        pending lazy values that read that buffer are stored first, as they hold its
+        value from before the write (unstored, their readers after the extern would
+        read the written data: a shared value recomputed by its readers, or a value
+        with one reader, as `renorm_` in a graph that is not functionalized)."""
         assert isinstance(node.target, torch._ops.OpOverload)
         for arg, value in zip(node.target._schema.arguments, node.args, strict=False):
             info = arg.alias_info
             if not isinstance(value, torch.fx.Node):
                 continue
             written = info is not None and info.is_write
-            # a written lazy value read by nobody else may be passed as a stored copy
-            if written and not isinstance(self.env[value], BufferRef) and len(value.users) > 1:
+            if not written:
+                continue
+            current = self.env[value]
+            if isinstance(current, BufferRef):
+                snapshot_readers(self, self.current(current).name)
+            elif len(value.users) > 1:
+                # a written lazy value read by nobody else may be passed as a stored copy
                 raise LoweringError(
                     node.name,
                     str(node.target),
