@@ -97,12 +97,14 @@ def main() -> None:
     parser.add_argument("--mode", default="inference")
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument(
-        "--recompute", action="store_true", help="as EMBER_RECOMPUTE=cuda (shared values)"
+        "--no-recompute",
+        action="store_true",
+        help="as EMBER_RECOMPUTE=off (the runtime recomputes on CUDA by default)",
     )
     args = parser.parse_args()
     for model_name in args.models.split(","):
         for kind, gm in capture_graphs(model_name, args.mode):
-            report(gm, f"{model_name} {kind}", args.top, args.recompute)
+            report(gm, f"{model_name} {kind}", args.top, not args.no_recompute)
 
 
 if __name__ == "__main__":
