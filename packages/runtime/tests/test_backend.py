@@ -552,3 +552,19 @@ def test_a_training_step_through_nonzero_matches_eager() -> None:
             results.append((out.detach(), x.grad, w.grad))
     for ours, eager in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(ours, eager)
+
+
+def test_recompute_is_on_for_cuda_graphs_by_default() -> None:
+    """EMBER_RECOMPUTE defaults to `cuda`: graphs with a CUDA tensor recompute shared
+    values wider than their inputs, CPU graphs store them; `all` and `off` override."""
+    from ember.runtime.compiler import recompute_shared
+    from ember.runtime.config import KNOBS
+
+    assert KNOBS["recompute"].default() == "cuda"
+    cpu, cuda = {torch.device("cpu")}, {torch.device("cpu"), torch.device("cuda", 0)}
+    with config.scope(recompute="cuda"):
+        assert recompute_shared(cuda) and not recompute_shared(cpu)
+    with config.scope(recompute="all"):
+        assert recompute_shared(cpu)
+    with config.scope(recompute="off"):
+        assert not recompute_shared(cuda)

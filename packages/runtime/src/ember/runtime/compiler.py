@@ -152,6 +152,13 @@ def compile_graph(
     return CompiledGraph(call, record)
 
 
+def recompute_shared(devices: set[torch.device]) -> bool:
+    """Whether a graph on `devices` recomputes shared values wider than their inputs
+    (EMBER_RECOMPUTE: `cuda`, the default, for graphs with a CUDA tensor)."""
+    setting = config.recompute
+    return setting == "all" or (setting == "cuda" and any(d.type == "cuda" for d in devices))
+
+
 def _build(
     gm: torch.fx.GraphModule,
     name: str,
@@ -172,8 +179,7 @@ def _build(
             allow_fallback=config.fallback,
             loops=loops,
             unsupported_ops=unsupported_ops(devices, config.kernels) if loops else frozenset(),
-            recompute_shared=config.recompute == "all"
-            or (config.recompute == "cuda" and any(d.type == "cuda" for d in devices)),
+            recompute_shared=recompute_shared(devices),
         )
         program = lower_graph(gm, name=name, options=options)
         verify(program)
