@@ -273,13 +273,15 @@ def _steps(
     if compiled is None:
         return [None] * _STEP_SAMPLES
     function, symbols = compiled
-    limits = [hint(extents[s]) if s in extents else 4096 for s in symbols]
+    # a loop variable's extent to draw from; None: a size symbol, fixed at 4096 (drawn,
+    # it could be 0, and a divisor)
+    limits = [hint(extents[s]) if s in extents else None for s in symbols]
     at = symbols.index(var)
-    limits[at] -= 1  # var + 1 stays in range
+    limits[at] = max(hint(extents[var]) - 1, 1)  # var + 1 stays in range
     pick = random.Random(0)
     found: list[int | None] = []
     for _ in range(_STEP_SAMPLES):
-        point = [pick.randrange(max(limit, 1)) for limit in limits]
+        point = [4096 if n is None else pick.randrange(max(n, 1)) for n in limits]
         here = function(*point)
         point[at] += 1
         found.append(function(*point) - here)
