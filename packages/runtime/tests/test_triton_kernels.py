@@ -83,6 +83,24 @@ def _index_add(device: str) -> list[Any]:
     return [x.to(device), torch.tensor([1, 7, 1, 0]).to(device), v.to(device)]
 
 
+def _views(device: str) -> list[Any]:
+    """Rows 1-3 and 3-5 of one base, at storage offsets 18 and 54. (Contiguous rows:
+    the cases are traced without Dynamo, whose guards would also hold a view's row
+    stride to the traced one.)"""
+    base = torch.randn(9, 18, generator=torch.Generator().manual_seed(0)).to(device)
+    return [base[1:4], base[3:6]]
+
+
+def _same_layout(a: Any) -> Any:
+    """A copy of `a` with its strides at its storage offset (clone() would start it at
+    offset 0, and the offset is what some cases test)."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    count = a.untyped_storage().nbytes() // a.element_size()
+    storage = a.detach().as_strided((count,), (1,), 0).clone()
+    return storage.as_strided(a.shape, a.stride(), a.storage_offset())
+
+
 def _nan_rows(device: str) -> list[Any]:
     x = torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
     x[1, 5] = float("nan")
@@ -231,6 +249,18 @@ CASES: dict[str, Case] = {
             "rtol": 1e-4,
         },
     ),
+    # storage offsets (ember.ir.layout's contract): compiled for contiguous inputs at
+    # offset 0, run on views at other offsets, read and written in place
+    "offset_read": (
+        lambda x, y: (x * y).sum(-1) + 1,
+        _args((3, 20), (3, 20)),
+        {"dynamic": True, "resize": _views},
+    ),
+    "offset_write": (
+        lambda x, y: (x.mul_(2), y.add_(x)),
+        _args((3, 20), (3, 20)),
+        {"dynamic": True, "resize": _views},
+    ),
     # the IR interpreter cannot bind bare size symbols yet (ember.ir.symbolic.evaluate
     # returns a Python int from xreplace): dynamic cases compare with eager only
     "dynamic": (
@@ -345,16 +375,17 @@ def run_case(name: str, device: str) -> dict[str, Any]:
             actual, kinds = run_with_triton(
                 program,
                 schedule,
-                [a.clone() for a in run_args],
+                [_same_layout(a) for a in run_args],
                 seed=seed,
                 cache_dir=Path(cache),
                 reduction=options.get("reduction"),
             )
             if options.get("reference", True):
-                reference = run_program(program, [a.cpu().clone() for a in run_args], seed=seed)
+                copies = [_same_layout(a.cpu()) for a in run_args]
+                reference = run_program(program, copies, seed=seed)
                 _compare(actual, reference, atol, rtol)
             if options.get("eager", True):
-                expected = fn(*[a.clone() for a in run_args])
+                expected = fn(*[_same_layout(a) for a in run_args])
                 expected = list(expected) if isinstance(expected, tuple) else [expected]
                 _compare(actual, expected, max(atol, 1e-5), max(rtol, 1e-4))
     partials = sum(1 for n in schedule.program.nodes if n.name.endswith("_partial"))

@@ -28,7 +28,7 @@ from ember.ir.interpreter import (
     ensure_layout,
     run_program,
 )
-from ember.ir.layout import Layout
+from ember.ir.layout import Layout, conforms, laid_out, offset_symbol
 from ember.ir.loops import REDUCTION_KINDS, Pointwise, Reduction, Scatter
 from ember.ir.lowering import (
     INTENTIONAL_EXTERNS,
@@ -96,6 +96,7 @@ __all__ = [
     "bind_symbols",
     "call_extern",
     "conform_extern_result",
+    "conforms",
     "ensure_layout",
     "evaluate",
     "format_arg",
@@ -103,8 +104,10 @@ __all__ = [
     "format_program",
     "iter_exprs",
     "iter_refs",
+    "laid_out",
     "loads",
     "lower_graph",
+    "offset_symbol",
     "register_lowering",
     "run_program",
     "verify",

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from ember.ir.evaluate import run_loop
-from ember.ir.layout import Layout
+from ember.ir.layout import Layout, conforms, laid_out
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -34,32 +34,25 @@ def bind_symbols(program: Program, args: Sequence[Any]) -> dict[sympy.Symbol, in
         if isinstance(node, SizeInput) and isinstance(node.expr, sympy.Symbol):
             bindings[node.expr] = int(arg)
         elif isinstance(node, InputBuffer):
-            layout = node.layout
-            dims = (
-                *zip(layout.size, arg.shape, strict=True),
-                *zip(layout.stride, arg.stride(), strict=True),
-            )
-            for expr, actual in dims:
-                if isinstance(expr, sympy.Symbol):
-                    bindings.setdefault(expr, int(actual))
+            for symbol, method, dim in node.layout.runtime_symbols():
+                read = getattr(arg, method)
+                bindings.setdefault(symbol, int(read() if dim is None else read(dim)))
     return bindings
 
 
-def ensure_layout(tensor: torch.Tensor, size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
-    """`tensor` itself when its strides match `stride` (ignoring size-1 dimensions),
-    else a copy with exactly those strides.
+def ensure_layout(
+    tensor: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int = 0
+) -> torch.Tensor:
+    """`tensor` itself when it has the layout (`conforms`), else a copy that has it.
 
     The IR reads an extern call's result through the layout its FX metadata promised;
     an ATen kernel may choose other strides at run time (SDPA's backends differ), and
-    reading through the wrong strides would be a silent wrong answer. The interpreter
-    and the runtime's generated code both pass extern results through this.
+    reading through the wrong strides or offset would be a silent wrong answer. The
+    interpreter and the runtime's generated code both pass extern results through this.
     """
-    actual = tensor.stride()
-    if all(a == b for a, b, n in zip(actual, stride, size, strict=True) if n > 1):
+    if conforms(tensor, size, stride, offset):
         return tensor
-    out = torch.empty_strided(tuple(size), tuple(stride), dtype=tensor.dtype, device=tensor.device)
-    out.copy_(tensor)
-    return out
+    return laid_out(tensor, size, stride, offset)
 
 
 def conform_extern_result(
@@ -77,7 +70,7 @@ def conform(value: Any, layout: Layout | None, bindings: Mapping[sympy.Symbol, i
         return value
     size = [int(evaluate(s, bindings)) for s in layout.size]
     stride = [int(evaluate(s, bindings)) for s in layout.stride]
-    return ensure_layout(value, size, stride)
+    return ensure_layout(value, size, stride, int(evaluate(layout.offset, bindings)))
 
 
 def argument_value(tree: Any, env: Mapping[str, Any], bindings: Mapping[sympy.Symbol, int]) -> Any:

@@ -157,7 +157,8 @@ class GraphLowering:
         name = _identifier(node.name)
         entry: InputNode
         if isinstance(val, torch.Tensor):
-            entry = InputBuffer(name, Layout.of(val))
+            # the example's storage offset is no promise about later calls' inputs
+            entry = InputBuffer(name, Layout.of(val).runtime_offset(name))
             self.layouts[name] = entry.layout
             self._bound_symbols |= entry.layout.free_symbols
             result: Any = BufferRef(name)

@@ -144,7 +144,9 @@ def compile_graph(
         path,
     )
     # kernels bake each input's strides and storage offset: a call with others copies
-    call: Callable[[list[Any]], Any] = guard_layouts(module.call, static_layouts(gm), graph_name)
+    call: Callable[[list[Any]], Any] = guard_layouts(
+        module.call, static_layouts(program, gm), graph_name
+    )
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked
 

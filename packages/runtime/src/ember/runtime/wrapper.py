@@ -11,7 +11,7 @@ are injected into the module's globals by the loader.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +146,8 @@ def generate_wrapper(
 
 def _bind_symbols(schedule: Schedule, bound: set[sympy.Symbol]) -> list[str]:
     """Lines binding each size symbol once, from the first input that carries it (the
-    symbols are added to `bound`)."""
+    symbols are added to `bound`): a size input's value, or an input tensor's size,
+    stride or storage offset (`Layout.runtime_symbols`)."""
     lines: list[str] = []
     for node in schedule.program.inputs:
         if isinstance(node, SizeInput) and isinstance(node.expr, sympy.Symbol):
@@ -154,21 +155,21 @@ def _bind_symbols(schedule: Schedule, bound: set[sympy.Symbol]) -> list[str]:
                 bound.add(node.expr)
                 lines.append(f"{symbol_name(node.expr)} = {node.name}")
         elif isinstance(node, InputBuffer):
-            lines += _bind_from(node.name, "size", node.layout.size, bound)
-            lines += _bind_from(node.name, "stride", node.layout.stride, bound)
+            lines += _bind_from(node.name, node.layout, bound)
     return lines
 
 
 def _bind_from(
-    name: str, method: str, exprs: Sequence[sympy.Expr], bound: set[sympy.Symbol]
+    name: str, layout: Layout, bound: set[sympy.Symbol], *, sizes_only: bool = False
 ) -> list[str]:
-    """Lines binding each not yet `bound` symbol among `exprs` from the tensor `name`'s
-    `size(d)` or `stride(d)` (the symbols are added to `bound`)."""
+    """Lines binding each not yet `bound` symbol of `layout` from the tensor `name`
+    (the symbols are added to `bound`); with `sizes_only`, from its sizes alone."""
     lines = []
-    for dim, expr in enumerate(exprs):
-        if isinstance(expr, sympy.Symbol) and expr not in bound:
-            bound.add(expr)
-            lines.append(f"{symbol_name(expr)} = {name}.{method}({dim})")
+    for symbol, method, dim in layout.runtime_symbols():
+        if symbol not in bound and (method == "size" or not sizes_only):
+            bound.add(symbol)
+            read = f"{method}()" if dim is None else f"{method}({dim})"
+            lines.append(f"{symbol_name(symbol)} = {name}.{read}")
     return lines
 
 
@@ -204,25 +205,25 @@ def _seed_line(w: _Writer, schedule: Schedule) -> str:
 def _layout_check(
     w: _Writer, name: str, layout: Layout | None, bound: set[sympy.Symbol]
 ) -> list[str]:
-    """Make an ATen result have the strides the IR planned for it.
+    """Make an ATen result have the strides and storage offset the IR planned for it.
 
     The IR reads extern results through the layout their FX metadata promised; an
     ATen kernel may pick other strides at run time (SDPA's backends differ, say), and
     reading through the wrong strides would be a silent wrong answer. A result with the
-    promised strides costs one tuple comparison; any other is copied into them.
+    promised layout costs a few comparisons (`ember.ir.conforms`); any other is copied
+    into it.
 
     A data-dependent size (`nonzero`'s row count) is first bound from the result
     itself: the graph's own binding of it comes later. Where a symbol would still be
     unbound, the result is taken as it comes."""
     if layout is None:
         return []
-    lines = _bind_from(name, "size", layout.size, bound)
-    free = set().union(*(sympy.sympify(e).free_symbols for e in (*layout.size, *layout.stride)))
-    if not free <= bound:
+    lines = _bind_from(name, layout, bound, sizes_only=True)
+    if not layout.free_symbols <= bound:
         return lines
     w.injected["ensure_layout"] = ensure_layout
     size, stride = w.arg(tuple(layout.size)), w.arg(tuple(layout.stride))
-    return [*lines, f"{name} = ensure_layout({name}, {size}, {stride})"]
+    return [*lines, f"{name} = ensure_layout({name}, {size}, {stride}, {w.arg(layout.offset)})"]
 
 
 def _extern_line(w: _Writer, node: ExternKernel) -> str:
