@@ -12,9 +12,11 @@ import torch
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import ember.runtime.check as check_module
 import ember.runtime.compiler as compiler_module
 from ember.runtime import config
 from ember.runtime.check import EmberCheckError, EmberCheckWarning, checked, metadata_mismatch
+from ember.runtime.testing import no_eager_fallback
 
 
 class NormNet(nn.Module):
@@ -44,14 +46,44 @@ def _perturbing_loader(real: Any) -> Any:
     return load
 
 
-def test_check_mode_passes_a_correct_training_step_with_mutated_buffers(tmp_path: Path) -> None:
-    model = NormNet()
+def _count_checked_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count, per graph, the calls that check mode ran eagerly and compared."""
+    calls: dict[str, int] = {}
+    real = check_module.checked
+
+    def counting(call: Any, eager_gm: Any, graph: str, wrapper: Path | None = None) -> Any:
+        run = real(call, eager_gm, graph, wrapper)
+
+        def counted(args: list[Any]) -> Any:
+            calls[graph] = calls.get(graph, 0) + 1
+            return run(args)
+
+        return counted
+
+    monkeypatch.setattr(check_module, "checked", counting)
+    return calls
+
+
+def test_check_mode_passes_a_correct_training_step_with_mutated_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both graphs of the step are compiled, checked against eager once each, and
+    pass; the batch norm's running statistics are written once, with eager's values."""
+    calls = _count_checked_calls(monkeypatch)
+    model, reference = NormNet(), NormNet()
+    reference.load_state_dict(model.state_dict())
     compiled = torch.compile(model, backend="ember")
     x = torch.randn(6, 8)
-    with config.scope(check=True, cache_dir=tmp_path):
+    with config.scope(check=True, cache_dir=tmp_path), no_eager_fallback() as graphs:
         compiled(x).square().mean().backward()
-    assert model.lin.weight.grad is not None
+    reference(x).square().mean().backward()
+    assert sorted(calls) == sorted(g.graph for g in graphs)
+    assert sorted(name.split("_")[0] for name in calls) == ["backward", "forward"]
+    assert set(calls.values()) == {1}
+    assert model.lin.weight.grad is not None and reference.lin.weight.grad is not None
+    torch.testing.assert_close(model.lin.weight.grad, reference.lin.weight.grad)
     assert int(model.bn.num_batches_tracked) == 1
+    torch.testing.assert_close(model.bn.running_mean, reference.bn.running_mean)
 
 
 def test_check_mode_raises_on_a_wrong_output_and_names_it(
@@ -61,7 +93,11 @@ def test_check_mode_raises_on_a_wrong_output_and_names_it(
         compiler_module, "load_module", _perturbing_loader(compiler_module.load_module)
     )
     compiled = torch.compile(lambda a, b: (a * b).sin(), backend="ember")
-    with config.scope(check=True, cache_dir=tmp_path), pytest.raises(EmberCheckError) as info:
+    with (
+        config.scope(check=True, cache_dir=tmp_path),
+        no_eager_fallback(),
+        pytest.raises(EmberCheckError) as info,
+    ):
         compiled(torch.randn(4, 5), torch.randn(4, 5))
     message = str(info.value)
     assert "output 0" in message and "max abs error 0.01" in message
@@ -78,7 +114,11 @@ def test_check_mode_warn_only_warns_and_returns_the_compiled_value(
     monkeypatch.setenv("EMBER_CHECK", "warn")
     compiled = torch.compile(lambda a: a.cos(), backend="ember")
     a = torch.randn(3)
-    with config.scope(cache_dir=tmp_path), warnings.catch_warnings(record=True) as caught:
+    with (
+        config.scope(cache_dir=tmp_path),
+        no_eager_fallback(),
+        warnings.catch_warnings(record=True) as caught,
+    ):
         warnings.simplefilter("always")
         out = compiled(a)
         compiled(a)

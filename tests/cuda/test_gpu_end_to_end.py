@@ -11,6 +11,7 @@ from torch import nn
 
 from ember.runtime.cli import main
 from ember.runtime.models import MLP, TransformerBlock
+from ember.runtime.testing import no_eager_fallback
 
 pytestmark = [
     pytest.mark.cuda,
@@ -54,10 +55,11 @@ def test_cnn_training_with_batch_norm() -> None:
 def test_dynamic_batch_on_gpu() -> None:
     model = MLP(64, 128, 16).to(DEVICE).eval()
     compiled = torch.compile(model, backend="ember", dynamic=True)
-    with torch.no_grad():
+    with torch.no_grad(), no_eager_fallback() as graphs:
         for batch in (3, 17, 64):
             x = torch.randn(batch, 64, device=DEVICE)
             torch.testing.assert_close(compiled(x), model(x))
+    assert len(graphs) == 1, [g.graph for g in graphs]  # one graph for every batch size
 
 
 def test_gpt2_from_config_on_gpu() -> None:
@@ -91,7 +93,7 @@ def test_triton_kernels_launch_directly_after_the_first_call() -> None:
     model = TransformerBlock(64, 4, 256).to(DEVICE)
     x = torch.randn(4, 32, 64, device=DEVICE)
     compiled = torch.compile(model, backend="ember")
-    with torch.no_grad():
+    with torch.no_grad(), no_eager_fallback():
         expected = model(x)
         for _ in range(3):
             actual = compiled(x)

@@ -16,6 +16,7 @@ import torch
 
 from ember.runtime import EmberCompileError, compile_records, config
 from ember.runtime.models import MLP, TransformerBlock
+from ember.runtime.testing import no_eager_fallback
 
 
 def last_records(start: int) -> list[object]:
@@ -39,13 +40,11 @@ def test_backend_is_listed_by_dynamo() -> None:
 def test_inference_matches_eager_and_uses_ember() -> None:
     model = TransformerBlock(32, 4, 64).eval()
     x = torch.randn(2, 8, 32)
-    start = len(compile_records)
-    with torch.no_grad():
+    with torch.no_grad(), no_eager_fallback() as graphs:
         out = torch.compile(model, backend="ember")(x)
         torch.testing.assert_close(out, model(x))
-    (record,) = compile_records[start:]
+    (record,) = graphs
     assert record.graph.startswith("inference")
-    assert record.ran_eagerly is None
     assert record.kernels > 5
     source = record.wrapper_path.read_text()
     assert ("def call(args):" in source and "aten_mm_default" in source) or "aten_addmm" in source
@@ -56,12 +55,12 @@ def test_training_compiles_forward_and_backward() -> None:
     twin = MLP(16, 32, 4)
     twin.load_state_dict(model.state_dict())
     x = torch.randn(8, 16)
-    start = len(compile_records)
-    torch.compile(twin, backend="ember")(x).sum().backward()
+    with no_eager_fallback() as graphs:
+        torch.compile(twin, backend="ember")(x).sum().backward()
     model(x).sum().backward()
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad)
-    kinds = sorted(r.graph.split("_")[0] for r in compile_records[start:])
+    kinds = sorted(r.graph.split("_")[0] for r in graphs)
     assert kinds == ["backward", "forward"]
 
 
@@ -73,7 +72,7 @@ def test_backward_compiles_with_the_forward_or_at_the_first_backward(when: str) 
     x = torch.randn(8, 16)
     torch._dynamo.reset()
     start = len(compile_records)
-    with config.scope(backward=when):
+    with config.scope(backward=when), no_eager_fallback():
         out = torch.compile(twin, backend="ember")(x)
         before_backward = sorted(r.graph.split("_")[0] for r in compile_records[start:])
         out.sum().backward()
@@ -146,7 +145,7 @@ def test_min_cut_partitioner_saves_fewer_activations_and_matches_eager(
         twin.load_state_dict(model.state_dict())
         x = torch.randn(4, 8, 32)
         torch._dynamo.reset()
-        with config.scope(partitioner=partitioner):
+        with config.scope(partitioner=partitioner), no_eager_fallback():
             torch.compile(twin, backend="ember")(x).square().sum().backward()
         model(x).square().sum().backward()
         for p, q in zip(model.parameters(), twin.parameters(), strict=True):
@@ -157,12 +156,10 @@ def test_min_cut_partitioner_saves_fewer_activations_and_matches_eager(
 def test_dynamic_shapes_compile_once_for_all_batch_sizes() -> None:
     model = MLP(16, 32, 4).eval()
     compiled = torch.compile(model, backend="ember", dynamic=True)
-    start = len(compile_records)
-    with torch.no_grad():
+    with torch.no_grad(), no_eager_fallback() as records:
         for batch in (3, 5, 11):  # size 1 is specialised by Dynamo itself
             x = torch.randn(batch, 16)
             torch.testing.assert_close(compiled(x), model(x))
-    records = compile_records[start:]
     assert len(records) == 1, [r.graph for r in records]
     source = records[0].wrapper_path.read_text()
     assert "sym_" in source  # the batch size is a symbol bound at run time
@@ -177,7 +174,8 @@ def test_input_mutation_is_written_back() -> None:
     a, b = torch.randn(4, 3), torch.randn(4, 3)
     ea, eb = a.clone(), b.clone()
     expected = f(ea, eb)
-    actual = torch.compile(f, backend="ember")(a, b)
+    with no_eager_fallback():
+        actual = torch.compile(f, backend="ember")(a, b)
     torch.testing.assert_close(actual, expected)
     torch.testing.assert_close(a, ea)
     torch.testing.assert_close(b, eb)
@@ -188,7 +186,8 @@ def test_size_outputs_and_views_of_inputs() -> None:
         return x.t(), x.shape[0] * 2
 
     x = torch.randn(5, 3)
-    out, n = torch.compile(f, backend="ember", dynamic=True)(x)
+    with no_eager_fallback():
+        out, n = torch.compile(f, backend="ember", dynamic=True)(x)
     assert n == 10
     assert out.data_ptr() == x.data_ptr()  # a view stays a view
 
@@ -232,14 +231,12 @@ def test_ops_with_effect_tokens_compile_and_still_check_errors() -> None:
     # linalg ops' error checks reach ember wrapped in with_effects (an effect token);
     # the lowering rejected the graph, so strict mode failed and otherwise it ran eagerly.
     torch._dynamo.reset()
-    start = len(compile_records)
-    with config.scope(strict=True):
+    with config.scope(strict=True), no_eager_fallback():
         inv = torch.compile(torch.linalg.inv, backend="ember")
         a = torch.randn(4, 4) + 4 * torch.eye(4)
         torch.testing.assert_close(inv(a), torch.linalg.inv(a))
         with pytest.raises(RuntimeError, match="could not be completed"):
             inv(torch.zeros(4, 4))
-    assert compile_records[start:] and all(r.ran_eagerly is None for r in compile_records[start:])
 
 
 def test_fallback_disabled_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,7 +246,7 @@ def test_fallback_disabled_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_debug_dir_holds_every_stage(tmp_path: Path) -> None:
-    with config.scope(debug_dir=tmp_path / "debug"), torch.no_grad():
+    with config.scope(debug_dir=tmp_path / "debug"), torch.no_grad(), no_eager_fallback():
         torch.compile(MLP(8, 16, 2).eval(), backend="ember")(torch.randn(3, 8))
     (graph_dir,) = (tmp_path / "debug").iterdir()
     names = {p.name for p in graph_dir.iterdir()}
@@ -275,14 +272,13 @@ class ConvBlock(torch.nn.Module):
 def _inference_wrapper(model: torch.nn.Module, x: torch.Tensor) -> tuple[str, tuple[int, ...]]:
     """Compile `model(x)` for inference; check eager's numbers and output strides;
     return the one generated wrapper's source and the output's strides."""
-    start = len(compile_records)
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), no_eager_fallback() as graphs:
         expected = model(x)
         actual = torch.compile(model, backend="ember")(x)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
     assert actual.stride() == expected.stride()
-    (record,) = compile_records[start:]
+    (record,) = graphs
     assert record.wrapper_path is not None
     return record.wrapper_path.read_text(), actual.stride()
 
@@ -336,15 +332,13 @@ def test_training_runs_channels_last_end_to_end_with_eager_gradients() -> None:
     x = torch.randn(4, 3, 16, 16)
     reference = copy.deepcopy(model)
     reference(x).square().mean().backward()
-    start = len(compile_records)
     torch._dynamo.reset()
-    with config.scope(layout="channels-last"):
+    with config.scope(layout="channels-last"), no_eager_fallback() as records:
         torch.compile(model, backend="ember")(x).square().mean().backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert p.grad is not None and q.grad is not None, name
         assert p.grad.stride() == q.grad.stride(), name
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
-    records = compile_records[start:]
     backward = [r for r in records if r.graph.startswith("backward")]
     assert backward and backward[0].wrapper_path is not None
     source = backward[0].wrapper_path.read_text()
@@ -365,12 +359,11 @@ def test_recompute_knob_keeps_eager_numbers_with_fewer_stored_values() -> None:
     mask, dy = torch.randn(192, 48) > 0, torch.randn(192, 48).to(torch.bfloat16)
     full_size = []
     for setting in ("off", "all"):
-        start = len(compile_records)
         torch._dynamo.reset()
-        with config.scope(recompute=setting), torch.no_grad():
+        with config.scope(recompute=setting), torch.no_grad(), no_eager_fallback() as graphs:
             actual = torch.compile(relu_grad, backend="ember")(mask, dy)
         torch.testing.assert_close(actual, relu_grad(mask, dy))
-        (record,) = compile_records[start:]
+        (record,) = graphs
         assert record.wrapper_path is not None
         source = record.wrapper_path.read_text()
         full_size.append(source[: source.index("k0_")].count("empty_strided([192, 48]"))
@@ -390,7 +383,8 @@ def test_fuzzer_seed_60799_in_place_write_keeps_eager_numbers() -> None:
 
     x = torch.randn(2, 2, 2, 2, generator=torch.Generator().manual_seed(60799))
     torch._dynamo.reset()
-    actual = torch.compile(program, backend="ember")(x.clone())
+    with no_eager_fallback():
+        actual = torch.compile(program, backend="ember")(x.clone())
     for a, e in zip(actual, program(x.clone()), strict=True):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
 
@@ -425,7 +419,9 @@ def test_compiling_imports_no_inductor_compiler(tmp_path: Path) -> None:
         "      'torch._inductor.ir', 'torch._inductor.graph',\n"
         "      'torch._inductor.pattern_matcher') if k in sys.modules))\n"
     )
-    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path), EMBER_PARTITIONER="mincut")
+    env = dict(
+        os.environ, EMBER_CACHE_DIR=str(tmp_path), EMBER_PARTITIONER="mincut", EMBER_STRICT="1"
+    )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
     )
@@ -462,7 +458,7 @@ def test_a_ddp_model_in_buckets_gives_real_results(tmp_path: Path) -> None:
         "out.sum().backward()\n"
         "dist.destroy_process_group()\n"
     )
-    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, EMBER_CACHE_DIR=str(tmp_path / "cache"), EMBER_STRICT="1")
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
     )
@@ -489,7 +485,7 @@ def test_two_parameters_gradients_stay_apart_across_accumulation() -> None:
         torch._dynamo.reset()
         model = Two()
         compiled = torch.compile(model, backend="ember")
-        with config.scope(partitioner=partitioner):
+        with config.scope(partitioner=partitioner), no_eager_fallback():
             for _ in range(2):
                 compiled(x).backward()
         assert model.a.grad is not None and model.b.grad is not None
@@ -542,15 +538,20 @@ def test_a_training_step_through_nonzero_matches_eager() -> None:
 
     torch.manual_seed(0)
     x0, w0 = torch.randn(8, 4), torch.randn(4, 4)
-    results = []
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    out = f(x, w)
+    out.backward()
+    expected = (out.detach(), x.grad, w.grad)
     torch._dynamo.reset()
-    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        for fn in (f, torch.compile(f, backend="ember")):
-            x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
-            out = fn(x, w)
-            out.backward()
-            results.append((out.detach(), x.grad, w.grad))
-    for ours, eager in zip(results[1], results[0], strict=True):
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    with (
+        torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True),
+        no_eager_fallback() as graphs,
+    ):
+        out = torch.compile(f, backend="ember")(x, w)
+        out.backward()
+    assert any(g.graph.startswith("backward") for g in graphs)
+    for ours, eager in zip((out.detach(), x.grad, w.grad), expected, strict=True):
         torch.testing.assert_close(ours, eager)
 
 

@@ -456,15 +456,21 @@ def test_split_case_splits(interpreter_results: dict[str, dict[str, Any]]) -> No
 
 
 def test_identical_sources_share_one_module(tmp_path: Path) -> None:
-    from ember.runtime.triton_kernels import compile_triton_kernels
+    """Two kernels of one graph, with names of their own and the same source (the
+    same softmax of two inputs), get a launcher each over one module: one jit
+    function, so one set of compiled binaries."""
+    from ember.runtime.triton_kernels import TritonLauncher, compile_triton_kernels
 
-    x = torch.randn(8, 16)
-    _, first = _lower(lambda a: torch.softmax(a, -1), [x], False)
-    _, second = _lower(lambda a: torch.softmax(a, -1), [x], False)
-    launchers = compile_triton_kernels([*first.kernels, *second.kernels], cache_dir=tmp_path)
-    assert len(launchers) == 1  # same kernel name, same source
-    files = list((tmp_path / "triton").glob("*.py"))
-    assert len(files) == 1
+    x = torch.randn(8, 24)  # a size no other test in this process renders
+    _, schedule = _lower(lambda a, b: (a.softmax(-1), b.softmax(-1)), [x, x.clone()], False)
+    first, second = schedule.kernels
+    assert first.name != second.name
+    launchers = compile_triton_kernels(schedule.kernels, cache_dir=tmp_path)
+    assert sorted(launchers) == sorted([first.name, second.name])
+    one, two = (launchers[k.name] for k in (first, second))
+    assert isinstance(one, TritonLauncher) and isinstance(two, TritonLauncher)
+    assert one.fn is two.fn and one.path == two.path
+    assert len(list((tmp_path / "triton").glob("*.py"))) == 1
 
 
 def test_launcher_checks_its_arguments(tmp_path: Path) -> None:

@@ -55,3 +55,32 @@ def test_planned_peak_is_below_keeping_everything_alive(schedule: Callable[..., 
     everything = sum(32 * 32 * 4 for s in sched.steps if s.launches_kernel)
     assert 0 < sched.memory.peak_bytes < everything
     assert "planned peak" in sched.format()
+
+
+def test_a_buffer_an_extern_writes_in_place_is_never_reused_while_its_alias_lives() -> None:
+    """`sort(x, out=(values, indices))` returns `values` itself: its storage stays
+    `values`'s after the sort, read through the result; handing it to a later buffer
+    overwrote the sorted values before they were copied into x (a graph that is not
+    functionalized, traced by make_fx alone)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ember.ir import LoweringOptions, lower_graph
+    from ember.scheduler import run_schedule
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x + 1
+        values, indices = torch.empty_like(x), torch.empty(x.shape, dtype=torch.long)
+        torch.sort(x, 1, out=(values, indices))
+        x.copy_(values)
+        return y * 2, x
+
+    x = torch.randn(4, 6)
+    program = lower_graph(make_fx(f)(x.clone()), options=LoweringOptions(loops=True))
+    sched = schedule_program(program)
+    actual, expected = run_schedule(sched, [x.clone()]), f(x.clone())
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e)
+    (sort,) = [s for s in sched.steps if "sort" in str(getattr(s, "node", ""))]
+    written = set(sort.reads())
+    reused = [a.reuse for allocs in sched.memory.allocations for a in allocs if a.reuse]
+    assert not written & set(reused), (written, reused)

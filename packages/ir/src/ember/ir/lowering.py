@@ -40,7 +40,7 @@ from ember.ir.expr import Load, Op, Rand, walk
 from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
 from ember.ir.layout import Layout
 from ember.ir.loops import Loop, Pointwise
-from ember.ir.mutation import inplace_lowering, mutate, snapshot_readers
+from ember.ir.mutation import aliased_buffer, inplace_lowering, mutate, snapshot_readers
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -674,19 +674,33 @@ class GraphLowering:
         pending lazy values that read that buffer are stored first, as they hold its
         value from before the write (unstored, their readers after the extern would
         read the written data: a shared value recomputed by its readers, or a value
-        with one reader, as `renorm_` in a graph that is not functionalized)."""
-        assert isinstance(node.target, torch._ops.OpOverload)
-        for arg, value in zip(node.target._schema.arguments, node.args, strict=False):
-            info = arg.alias_info
-            if not isinstance(value, torch.fx.Node):
-                continue
-            written = info is not None and info.is_write
-            if not written:
-                continue
-            current = self.env[value]
+        with one reader, as `renorm_` in a graph that is not functionalized).
+
+        Written arguments are found by schema, positional or keyword (`out=`), alone
+        or in a list (`_foreach_add_`). A written view of a stored buffer (`x[:, :3]`
+        in `x[:, :3].addmm_(...)`) is passed as a strided alias of that buffer, whose
+        pending readers are stored first too; views of `x` taken before the write
+        stay aliases (their later readers see the new data, as in eager). A written
+        view ember cannot pass as an alias of a stored buffer is refused."""
+        for written in _written_arguments(node):
+            current = self.env[written]
             if isinstance(current, BufferRef):
-                snapshot_readers(self, self.current(current).name)
-            elif len(value.users) > 1:
+                snapshot_readers(self, self.current(current).name, keep_aliases=True)
+                continue
+            if not isinstance(current, LazyTensor):
+                continue
+            base = self._alias_for_extern(written, current)
+            if base is not None:
+                snapshot_readers(self, base, keep_aliases=True)
+            elif _is_view_op(written):
+                raise LoweringError(
+                    node.name,
+                    str(node.target),
+                    f"the op writes {written.name!r}, a view ember cannot pass as an alias "
+                    "of a stored buffer (a view of a computed value, or of a copy); "
+                    "functionalize the graph first (AOTAutograd and torch.export do)",
+                )
+            elif len(written.users) > 1:
                 # a written lazy value read by nobody else may be passed as a stored copy
                 raise LoweringError(
                     node.name,
@@ -694,6 +708,20 @@ class GraphLowering:
                     "the op writes an argument that is a view or an unstored value; "
                     "functionalize the graph first (AOTAutograd and torch.export do)",
                 )
+
+    def _alias_for_extern(self, written: torch.fx.Node, value: LazyTensor) -> str | None:
+        """The stored buffer that the view `value` (computed by `written`) aliases, once
+        it is passed to an extern as a strided view of that buffer; None when it
+        cannot be (not a view of a stored buffer, or already stored as a copy)."""
+        base = aliased_buffer(written, value)
+        if base is None:
+            return None
+        if value.realized is None:
+            if self._strided_view(value) is None:
+                return None
+        elif not value.borrowed and value.realized.name not in self._views:
+            return None
+        return self.current(BufferRef(base)).name
 
     def args(self, node: torch.fx.Node) -> dict[str, Any]:
         """The node's arguments by schema name, defaults filled in."""
@@ -742,6 +770,23 @@ _MISSING = object()
 
 # Names the generated code uses for itself: inputs must not shadow them.
 _RESERVED = frozenset({"args", "call", "torch", "math"})
+
+
+def _written_arguments(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The FX nodes whose tensors the ATen op of `node` writes in place, by its schema:
+    positional or keyword arguments (`out=`), alone or in lists (`Tensor(a!)[]`)."""
+    assert isinstance(node.target, torch._ops.OpOverload)
+    schema = node.target._schema.arguments
+    values = [(arg, value) for arg, value in zip(schema, node.args, strict=False)]
+    by_name = {arg.name: arg for arg in schema}
+    values += [(by_name[k], v) for k, v in node.kwargs.items() if k in by_name]
+    written: list[torch.fx.Node] = []
+    for arg, value in values:
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        items = value if isinstance(value, (list, tuple)) else [value]
+        written += [item for item in items if isinstance(item, torch.fx.Node)]
+    return written
 
 
 def _is_view_op(arg: Any) -> bool:

@@ -22,7 +22,7 @@ from ember.ir.errors import LoweringError, NotLowerable
 from ember.ir.expr import Load
 from ember.ir.layout import Layout
 from ember.ir.loops import Pointwise, Scatter
-from ember.ir.nodes import BufferRef
+from ember.ir.nodes import BufferRef, returns_view
 from ember.ir.symbolic import loop_vars
 from ember.ir.tensor import LazyTensor, broadcast_loader, cast
 
@@ -30,11 +30,19 @@ if TYPE_CHECKING:
     from ember.ir.lowering import GraphLowering, LoweringFn
 
 
-def snapshot_readers(lowering: GraphLowering, buffer: str) -> None:
+def snapshot_readers(lowering: GraphLowering, buffer: str, *, keep_aliases: bool = False) -> None:
     """Store every pending lazy value that reads `buffer` before it is overwritten:
-    those values were computed before the mutation in program order."""
-    for item in _pending(lowering):
+    those values were computed before the mutation in program order.
+
+    `keep_aliases`: the write comes from an ATen op writing its argument in place (a
+    graph that is not functionalized), where a view of `buffer` taken before the
+    write is an alias that later reads see the new data through: such views (view
+    ops reading `buffer` directly) stay lazy instead of becoming a copy of the old
+    data."""
+    for node, item in _pending(lowering):
         if buffer in item.buffers():
+            if keep_aliases and aliased_buffer(node, item) == buffer:
+                continue
             layout = Layout.contiguous(item.device, item.dtype, item.size)
             item.realized = lowering.store(Pointwise(item.size, item.body()), layout)
             item.borrowed = False
@@ -49,20 +57,34 @@ class _Pending:
 
     def __init__(self) -> None:
         self.seen = 0  # environment entries looked at so far
-        self.items: list[LazyTensor] = []
+        self.items: list[tuple[torch.fx.Node, LazyTensor]] = []  # with the node computing it
 
 
-def _pending(lowering: GraphLowering) -> list[LazyTensor]:
+def _pending(lowering: GraphLowering) -> list[tuple[torch.fx.Node, LazyTensor]]:
     state: _Pending = lowering.__dict__.setdefault("_pending_values", _Pending())
     env = lowering.env
     for fx_node, value in itertools.islice(env.items(), state.seen, None):
         if fx_node.users:
             for item in value if isinstance(value, tuple) else (value,):
                 if isinstance(item, LazyTensor):
-                    state.items.append(item)
+                    state.items.append((fx_node, item))
     state.seen = len(env)
-    state.items = [i for i in state.items if i.realized is None or i.borrowed]
+    state.items = [(n, i) for n, i in state.items if i.realized is None or i.borrowed]
     return list(state.items)
+
+
+def aliased_buffer(node: torch.fx.Node, value: LazyTensor) -> str | None:
+    """The buffer that `value`, computed by FX `node`, aliases: `node` is a view op
+    (view, slice, transpose, ...) and `value` reads a stored buffer directly, element
+    for element through an index (no mask, no indirection). None otherwise (a
+    computed value, or a view of one: it holds no storage of its own to alias)."""
+    op = node.target
+    if not isinstance(op, torch._ops.OpOverload) or not returns_view(op):
+        return None
+    body = value.body()
+    if not isinstance(body, Load) or body.mask is not None or body.indirect:
+        return None
+    return body.buffer
 
 
 def mutate(lowering: GraphLowering, target: Any, value: LazyTensor) -> Any:

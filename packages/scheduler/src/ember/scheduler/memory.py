@@ -46,10 +46,13 @@ def plan_memory(program: Program, steps: Sequence[Step]) -> MemoryPlan:
     for ref in iter_refs(program.outputs):
         last_use.pop(ref.name, None)
 
+    # Buffers another name may alias: arguments of views, and of externs that write
+    # their arguments in place (`sort.values(x, values=buf)` returns `buf` itself).
+    # Their storage is never handed to a later buffer.
     aliased = {
         name
         for step in steps
-        if isinstance(step, ExternCall) and not step.launches_kernel
+        if isinstance(step, ExternCall) and (not step.launches_kernel or step.node.writes_arguments)
         for name in step.reads()
     }
     ours: dict[str, Layout] = {}  # buffers ember allocates (reusable storage)

@@ -12,7 +12,6 @@ from ember.codegen.triton.kernel import TritonKernel, render_kernel
 from ember.codegen.triton.optable import TRITON_OPS, UNSUPPORTED
 from ember.codegen.triton.plan import COLUMN_XBLOCK, GridSpec, KernelPlan, LaunchConfig, plan_kernel
 from ember.codegen.triton.printer import UnsupportedKernelError
-from ember.codegen.triton.target import TritonTarget, triton_target
 from ember.scheduler import DeviceChoices
 
 __all__ = [
@@ -25,11 +24,9 @@ __all__ = [
     "KernelPlan",
     "LaunchConfig",
     "TritonKernel",
-    "TritonTarget",
     "UnsupportedKernelError",
     "plan_kernel",
     "render_kernel",
-    "triton_target",
 ]
 
 
