@@ -6,7 +6,7 @@ graph; `config` holds the settings (EMBER_* variables). The top of ember's stack
 drives graphpasses -> ir -> scheduler -> codegen and runs what they produce.
 """
 
-from ember.runtime.backend import ember_backend, register
+from ember.runtime.backend import ember_backend, register, register_unless_entry_point
 from ember.runtime.compiler import (
     CompiledGraph,
     CompileRecord,
@@ -16,7 +16,7 @@ from ember.runtime.compiler import (
 )
 from ember.runtime.config import EmberConfig, config
 
-register()
+register_unless_entry_point()
 
 __all__ = [
     "CompileRecord",
