@@ -14,7 +14,7 @@ from ember.runtime.compiler import (
     compile_graph,
     compile_records,
 )
-from ember.runtime.config import EmberConfig, config
+from ember.runtime.config import EmberConfig, EmberConfigError, config
 
 register_unless_entry_point()
 
@@ -23,6 +23,7 @@ __all__ = [
     "CompiledGraph",
     "EmberCompileError",
     "EmberConfig",
+    "EmberConfigError",
     "compile_graph",
     "compile_records",
     "config",

@@ -33,7 +33,7 @@ from ember.graphpasses import (
 from ember.graphpasses.graph_edit import output_node
 from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
-from ember.runtime.config import config
+from ember.runtime.config import EmberConfigError, config
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ def _channels_last_then(
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
+    config.validate()  # before anything reads a setting, so that the first bad one raises
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
     if config.kernels == "auto" and on_cuda:
@@ -171,6 +172,8 @@ def _failing_at_first_call(compiler: Callable[..., Any]) -> Callable[..., Any]:
     def compile_or_defer(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         try:
             return compiler(gm, example_inputs)
+        except EmberConfigError:
+            raise  # the user's setting, not the backward's compile: say so now
         except Exception as exc:
             error = exc
 
