@@ -29,6 +29,22 @@ def test_config_command_lists_every_variable(capsys: pytest.CaptureFixture[str])
         assert name in out
 
 
+def test_config_command_marks_bad_values_instead_of_raising(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_CHECK", "sometimes")
+    monkeypatch.setenv("EMBER_KERNELS", "bogus")
+    monkeypatch.setenv("EMBER_FALBACK", "0")
+    assert main(["config"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    check = next(i for i, line in enumerate(lines) if line.startswith("EMBER_CHECK "))
+    assert "INVALID 'sometimes'" in lines[check]
+    assert "EMBER_CHECK='sometimes' is not valid: expected 'warn'" in lines[check + 1]
+    assert any(line.startswith("EMBER_KERNELS ") and "INVALID 'bogus'" in line for line in lines)
+    assert any(line.startswith("EMBER_STRICT ") for line in lines)  # the others still shown
+    assert any("EMBER_FALBACK" in line and "EMBER_FALLBACK?" in line for line in lines)
+
+
 def test_table_aligns_columns() -> None:
     text = format_table(["a", "bb"], [["x", "1.5"], ["yyy", "10.25"]])
     lines = text.splitlines()

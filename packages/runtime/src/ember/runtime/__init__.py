@@ -6,7 +6,7 @@ graph; `config` holds the settings (EMBER_* variables). The top of ember's stack
 drives graphpasses -> ir -> scheduler -> codegen and runs what they produce.
 """
 
-from ember.runtime.backend import ember_backend, register
+from ember.runtime.backend import ember_backend, register, register_unless_entry_point
 from ember.runtime.compiler import (
     CompiledGraph,
     CompileRecord,
@@ -14,15 +14,16 @@ from ember.runtime.compiler import (
     compile_graph,
     compile_records,
 )
-from ember.runtime.config import EmberConfig, config
+from ember.runtime.config import EmberConfig, EmberConfigError, config
 
-register()
+register_unless_entry_point()
 
 __all__ = [
     "CompileRecord",
     "CompiledGraph",
     "EmberCompileError",
     "EmberConfig",
+    "EmberConfigError",
     "compile_graph",
     "compile_records",
     "config",

@@ -3,9 +3,10 @@
 Dynamo hands ember a Torch-level FX graph; hand-written attention in it becomes
 `scaled_dot_product_attention` (`rewrite_attention_pregrad`), then AOTAutograd traces
 it to ATen with ember's decomposition table, splits forward and backward for training,
-and ember compiles each of the resulting graphs with `compile_graph`. The backend is
-registered through the `torch_dynamo_backends` entry point of ember-runtime, and also
-on import of `ember.runtime` so that it works with the packages only on PYTHONPATH.
+and ember compiles each of the resulting graphs with `compile_graph`. Dynamo finds the
+backend through the `torch_dynamo_backends` entry point of ember-runtime where that is
+installed; where it is not (the packages only on PYTHONPATH), the import of
+`ember.runtime` registers it (`register_unless_entry_point`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ember.graphpasses import (
 from ember.graphpasses.graph_edit import output_node
 from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
-from ember.runtime.config import config
+from ember.runtime.config import EmberConfigError, config
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def _channels_last_then(
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
+    config.validate()  # before anything reads a setting, so that the first bad one raises
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
     if config.kernels == "auto" and on_cuda:
@@ -170,6 +172,8 @@ def _failing_at_first_call(compiler: Callable[..., Any]) -> Callable[..., Any]:
     def compile_or_defer(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         try:
             return compiler(gm, example_inputs)
+        except EmberConfigError:
+            raise  # the user's setting, not the backward's compile: say so now
         except Exception as exc:
             error = exc
 
@@ -235,8 +239,35 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict[
 
 
 def register() -> None:
-    """Make `backend="ember"` known to Dynamo (idempotent)."""
+    """Make `backend="ember"` known to Dynamo (idempotent).
+
+    Not for a caller that Dynamo's loading of the entry point may be importing: Dynamo
+    registers what the entry point names once the import returns, and a name already
+    registered is an error there (`register_unless_entry_point` is for that case)."""
     from torch._dynamo.backends import registry
 
     if "ember" not in registry._COMPILER_FNS:
         registry.register_backend(name="ember")(ember_backend)
+
+
+def entry_point_visible() -> bool:
+    """Whether Dynamo's search of the `torch_dynamo_backends` entry points (the
+    installed distributions on sys.path) finds ember's. Only ember-runtime's own
+    metadata is read, not every distribution's: this runs at import time."""
+    import importlib.metadata
+
+    try:
+        entry_points = importlib.metadata.distribution("ember-runtime").entry_points
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any(ep.group == "torch_dynamo_backends" and ep.name == "ember" for ep in entry_points)
+
+
+def register_unless_entry_point() -> None:
+    """The import of `ember.runtime`'s registration: where the entry point is visible,
+    Dynamo registers the backend itself (when a program first names it), and that
+    lookup may be what is importing this module, so registering here as well would make
+    Dynamo's own registration fail as a duplicate. Where it is not (the packages only on
+    PYTHONPATH, as on machines without an installed ember), nothing else registers it."""
+    if not entry_point_visible():
+        register()

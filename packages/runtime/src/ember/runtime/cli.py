@@ -28,7 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ember.runtime.bench import add_arguments, run_cli
 
     add_arguments(bench)
-    commands.add_parser("config", help="print ember's settings and the EMBER_* variables")
+    commands.add_parser(
+        "config",
+        help="print ember's settings and the EMBER_* variables (exit status 1 if one is invalid)",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -38,8 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return run_cli(args)
     if args.command == "config":
+        # bad values are listed, marked, not raised: this is where one looks for them
         print(config.describe())
-        return 0
+        return 1 if config.errors() else 0
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -4,7 +4,8 @@ passes (ember.graphpasses) -> lowering and verification (ember.ir) -> schedule a
 memory plan (ember.scheduler) -> wrapper source -> load. Each stage is timed, and with
 `EMBER_DEBUG_DIR` set each stage's output is written there. A failure in any stage
 either raises `EmberCompileError` (strict mode) or is logged and the graph runs eagerly,
-so a compiler bug never takes the user's program down.
+so a compiler bug never takes the user's program down. A bad setting
+(`EmberConfigError`) is the user's to fix, not a compiler bug: it always raises.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.fx
 
 from ember.graphpasses import default_pipeline
 from ember.ir import LoweringOptions, Program, format_program, lower_graph, verify
-from ember.runtime.config import config
+from ember.runtime.config import EmberConfigError, config
 from ember.runtime.kernels import (
     Launcher,
     compile_kernels,
@@ -95,6 +96,7 @@ def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any] = (), *, name: str = "graph"
 ) -> CompiledGraph:
     """Compile an ATen-level graph (nodes carry `meta['val']`) into a boxed callable."""
+    config.validate()
     setup_logging()
     graph_name = f"{name}_{next(_graph_ids)}"
     record = CompileRecord(graph_name)
@@ -126,6 +128,8 @@ def compile_graph(
             path = write_source(config.cache_dir / "wrappers", wrapper.source)
             module = load_module(path, wrapper.injected)
         _dump(debug, "wrapper.py", lambda: wrapper.source)
+    except EmberConfigError:
+        raise  # a setting changed mid-compile: running eagerly would hide it
     except Exception as exc:
         error = EmberCompileError(graph_name, stage, exc)
         if config.strict:
@@ -196,6 +200,8 @@ def _build(
             launchers = compile_kernels(
                 schedule.kernels, config.kernels, config.cache_dir / "kernels"
             )
+    except EmberConfigError:
+        raise
     except Exception as exc:
         if config.strict:
             raise

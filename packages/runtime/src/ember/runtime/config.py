@@ -3,11 +3,19 @@
 `config.fallback` reads `EMBER_FALLBACK` at each access unless a `config.scope(...)`
 overrides it, so tests and programs can change settings without touching the
 environment, and nothing else in ember reads `os.environ`.
+
+A value that does not parse is an `EmberConfigError` naming the variable, the value and
+what it accepts, wherever it is read: guessing what a misspelt value meant would run
+a program other than the one asked for, and quietly. `EmberConfig.validate` reads
+every setting at once (each compile starts with it) and warns about `EMBER_*` names
+that no setting has.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,13 +25,30 @@ from typing import Any, Generic, TypeVar, overload
 T = TypeVar("T")
 
 
+class EmberConfigError(ValueError):
+    """A setting's value is not one it accepts.
+
+    Its own class so that the compile driver can tell a user's mistake, which it lets
+    through even when `EMBER_STRICT` is off, from a compiler failure, which it turns
+    into an eager run."""
+
+    def __init__(
+        self, setting: str, value: object, expected: str, *, given_as: str | None = None
+    ) -> None:
+        given = given_as or f"{setting}={value!r}"
+        super().__init__(f"{given} is not valid: expected {expected}")
+        self.setting = setting
+        self.value = value
+        self.expected = expected
+
+
 def _parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in {"1", "true", "yes", "on"}:
         return True
     if lowered in {"0", "false", "no", "off", ""}:
         return False
-    raise ValueError(f"expected 0/1, true/false, yes/no or on/off, got {text!r}")
+    raise ValueError("0/1, true/false, yes/no or on/off")
 
 
 def _default_compile_workers() -> int:
@@ -41,19 +66,53 @@ def _default_compile_workers() -> int:
 def _choice(text: str, allowed: tuple[str, ...]) -> str:
     value = text.strip().lower()
     if value not in allowed:
-        raise ValueError(f"expected one of {', '.join(allowed)}")
+        raise ValueError(f"one of {', '.join(map(repr, allowed))}")
     return value
 
 
 def _parse_check(text: str) -> str:
     lowered = text.strip().lower()
-    if lowered in {"warn", "raise"}:
+    if lowered in {"warn", "raise", "off"}:
         return lowered
-    return "raise" if _parse_bool(lowered) else "off"
+    try:
+        return "raise" if _parse_bool(lowered) else "off"
+    except ValueError:
+        pass
+    raise ValueError("'warn', 'raise' (or 1, true, yes, on) or 'off' (or 0, false, no)")
 
 
 def _parse_path(text: str) -> Path | None:
     return Path(text).expanduser() if text.strip() else None
+
+
+def _parse_directory(text: str) -> Path:
+    if not text.strip():
+        raise ValueError("a directory (unset the variable for the default)")
+    return Path(text).expanduser()
+
+
+def _parse_count(text: str) -> int:
+    try:
+        count = int(text.strip())
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ValueError("a whole number, 0 or more")
+    return count
+
+
+def _as_text(value: object) -> str:
+    """A `scope(...)` value as the environment would spell it, so that one parser per
+    setting checks both (a bool as 1/0, None as unset-but-empty, a path as itself)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value is None:
+        return ""
+    if isinstance(value, os.PathLike):
+        return str(os.fspath(value))
+    if isinstance(value, str | int):
+        return str(value)
+    raise ValueError("a string, a whole number, a bool, a path or None")
 
 
 @dataclass(frozen=True)
@@ -72,7 +131,15 @@ class Knob(Generic[T]):
         try:
             return self.parse(raw)
         except ValueError as exc:
-            raise ValueError(f"{self.env}={raw!r}: {exc}") from exc
+            raise EmberConfigError(self.env, raw, str(exc)) from None
+
+    def accept(self, name: str, value: object) -> T:
+        """`value`, given as `scope(name=value)`, parsed as the environment's text would be."""
+        try:
+            return self.parse(_as_text(value))
+        except ValueError as exc:
+            given = f"config.scope({name}={value!r}) (for {self.env})"
+            raise EmberConfigError(self.env, value, str(exc), given_as=given) from None
 
 
 def _default_cache_dir() -> Path:
@@ -107,7 +174,7 @@ KNOBS: dict[str, Knob[Any]] = {
     ),
     "cache_dir": Knob(
         "EMBER_CACHE_DIR",
-        lambda text: Path(text).expanduser(),
+        _parse_directory,
         _default_cache_dir,
         "Where generated code is written (default ~/.cache/ember).",
     ),
@@ -120,7 +187,7 @@ KNOBS: dict[str, Knob[Any]] = {
     ),
     "compile_workers": Knob(
         "EMBER_COMPILE_WORKERS",
-        lambda text: max(0, int(text)),
+        _parse_count,
         lambda: _default_compile_workers(),
         "Worker processes that compile Triton kernels for CUDA graphs alongside this "
         "process (each imports Triton only); by default one per core but one, at most "
@@ -163,11 +230,44 @@ KNOBS: dict[str, Knob[Any]] = {
     ),
     "logs": Knob(
         "EMBER_LOGS",
-        lambda text: text.strip().lower(),
+        lambda text: _choice(text, ("", "warning", "info", "debug")),
         lambda: "",
-        "Log level of the 'ember' loggers: '', 'info' or 'debug'.",
+        "Log level of the 'ember' loggers: '' (warnings), 'info' or 'debug'.",
     ),
 }
+
+# EMBER_* variables that are not settings, so not misspellings of one: the golden-file
+# tests' switch to rewrite their files.
+_NOT_SETTINGS = frozenset({"EMBER_UPDATE_GOLDEN"})
+_warned_unknown: set[str] = set()
+
+
+def unknown_variables() -> dict[str, str | None]:
+    """Each `EMBER_*` variable in the environment that no setting reads, with the
+    setting's variable it most likely meant (None when none is close)."""
+    known = [knob.env for knob in KNOBS.values()]
+    # compared without the shared prefix, which would make any two names look alike
+    stems = {env.removeprefix("EMBER_"): env for env in known}
+    unknown = {}
+    for name in sorted(os.environ):
+        if name.startswith("EMBER_") and name not in known and name not in _NOT_SETTINGS:
+            close = difflib.get_close_matches(name.removeprefix("EMBER_"), stems, n=1)
+            unknown[name] = stems[close[0]] if close else None
+    return unknown
+
+
+def _unknown_message(name: str, guess: str | None) -> str:
+    hint = f"did you mean {guess}?" if guess else "`ember config` lists the settings"
+    return f"{name} is set, but ember has no such setting and ignores it; {hint}"
+
+
+def warn_unknown_variables() -> None:
+    """One warning per process for each unknown `EMBER_*` variable: a misspelt name
+    would otherwise leave its setting at the default without a word."""
+    for name, guess in unknown_variables().items():
+        if name not in _warned_unknown:
+            _warned_unknown.add(name)
+            warnings.warn(_unknown_message(name, guess), UserWarning, stacklevel=3)
 
 
 class EmberConfig:
@@ -249,15 +349,47 @@ class EmberConfig:
         unknown = set(overrides) - set(KNOBS)
         if unknown:
             raise KeyError(f"unknown ember settings {sorted(unknown)}; known: {sorted(KNOBS)}")
+        # parsed here, so that a bad value fails at the `with`, not in a compile later
+        parsed = {name: KNOBS[name].accept(name, value) for name, value in overrides.items()}
         saved = dict(self._overrides)
-        self._overrides.update(overrides)
+        self._overrides.update(parsed)
         try:
             yield self
         finally:
             self._overrides = saved
 
+    def errors(self) -> dict[str, EmberConfigError]:
+        """The settings whose value is not valid, with the error reading each raises."""
+        found = {}
+        for name in KNOBS:
+            try:
+                self.get(name)
+            except EmberConfigError as exc:
+                found[name] = exc
+        return found
+
+    def validate(self) -> None:
+        """Read every setting, raising the first bad one's `EmberConfigError`, and warn
+        (once) about unknown `EMBER_*` variables. Each compile starts here, so that a
+        bad value fails the first compile even where the code paths that compile takes
+        never read that setting (a training-only one in an inference graph)."""
+        warn_unknown_variables()
+        for error in self.errors().values():
+            raise error
+
     def describe(self) -> str:
-        return "\n".join(f"{k.env:<18} {self.get(name)!s:<24} {k.doc}" for name, k in KNOBS.items())
+        """One line per setting with its value; a bad value is marked as such, with
+        its error below it, rather than raised, since this is where users look to see
+        what is wrong."""
+        errors = self.errors()
+        lines = []
+        for name, k in KNOBS.items():
+            shown = f"INVALID {errors[name].value!r}" if name in errors else str(self.get(name))
+            lines.append(f"{k.env:<18} {shown:<24} {k.doc}")
+            if name in errors:
+                lines.append(f"{'':<18} ^ {errors[name]}")
+        lines += [_unknown_message(n, guess) for n, guess in unknown_variables().items()]
+        return "\n".join(lines)
 
 
 config = EmberConfig()

@@ -16,14 +16,15 @@ _configured = False
 
 
 def setup_logging() -> None:
-    """Attach a stderr handler to the 'ember' logger once, at the EMBER_LOGS level."""
+    """Attach a stderr handler to the 'ember' logger once, at the EMBER_LOGS level.
+
+    EMBER_LOGS is read (so checked: `EmberConfigError`) at every call, not only the
+    first, so that a bad value set later in the process is not passed over."""
     global _configured
+    level_name = config.logs
     if _configured:
         return
     _configured = True
-    level_name = config.logs
-    if level_name not in _LEVELS:
-        raise ValueError(f"EMBER_LOGS={level_name!r}: expected one of {sorted(_LEVELS)}")
     logger = logging.getLogger("ember")
     logger.setLevel(_LEVELS[level_name])
     handler = logging.StreamHandler()
