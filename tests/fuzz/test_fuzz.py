@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from ember.runtime.fuzz import fuzz, generate, render_function, run_program
-from ember.runtime.fuzz.generate import promote
+from ember.runtime.fuzz.generate import NO_HAZARDS, promote
 from ember.runtime.fuzz.program import build_function, make_inputs
+from ember.runtime.fuzz.run import EXPECTED_ERROR
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT_RUN_SEEDS = range(1000, 1030)
@@ -27,17 +28,114 @@ def test_generation_is_deterministic_per_seed() -> None:
 
 
 def test_generated_programs_run_eagerly_and_cover_the_op_families() -> None:
-    sources = []
-    for seed in range(60):
+    """Every program runs eagerly, or raises the error its bad input earns (an index
+    out of range, an integer division by zero), and the hazards all occur."""
+    sources, raised = [], 0
+    for seed in range(120):
         program = generate(seed)
         fn = build_function(program)
-        outputs = fn(*make_inputs(program, dict(program.sizes), seed))
-        assert len(outputs) == len(program.outputs)
+        try:
+            outputs = fn(*make_inputs(program, dict(program.sizes), seed))
+        except (RuntimeError, IndexError) as exc:
+            assert EXPECTED_ERROR.search(str(exc)), (seed, exc)
+            raised += 1
+        else:
+            assert len(outputs) == len(program.outputs)
         sources.append(render_function(program))
     text = "\n".join(sources)
     for needle in ("keepdim=", ".permute(", "softmax", "torch.bfloat16", "@", "::2", ".to(torch."):
         assert needle in text, needle
-    assert any(generate(s).dynamic for s in range(60))
+    for needle in ("embedding(", "gather(", "index_select(", "scatter_add(", "index_put(", "//"):
+        assert needle in text, needle
+    assert 5 < raised < 60
+    programs = [generate(s) for s in range(120)]
+    assert any(p.dynamic for p in programs)
+    inputs = [i for p in programs for i in p.inputs]
+    assert any(i.offset for i in inputs) and any(i.shares for i in inputs)
+    assert any(i.bad_index for i in inputs)
+
+
+def test_views_and_indices_are_made_as_described() -> None:
+    from ember.runtime.fuzz.program import Input, Program, Step
+
+    program = Program(
+        inputs=(
+            Input("x0", ("d0",), "float32", offset=5),
+            Input("x1", ("d0",), "float32", offset=2, shares="x0"),
+            Input("x2", ("d0",), "int64", index_of="d1", bad_index="-n - 1"),
+        ),
+        steps=(Step("v0", "{0}[{2}] + {1}[{2}]", ("x0", "x1", "x2")),),
+        outputs=("v0",),
+        sizes=(("d0", 6), ("d1", 4)),
+    )
+    x0, x1, x2 = make_inputs(program, dict(program.sizes), 0)
+    assert x0.storage_offset() == 5 and x1.storage_offset() == 2
+    assert x0.untyped_storage().data_ptr() == x1.untyped_storage().data_ptr()
+    assert torch.equal(x0[:3], x1[3:])  # the overlap: one set of elements
+    assert x2[0] == -5 and bool(((x2[1:] >= -4) & (x2[1:] < 4)).all())
+
+
+def test_ember_raises_where_eager_raises_for_bad_input() -> None:
+    """Programs with an index out of range or an integer division by zero: eager
+    raises, so ember must (a returned value is a 'missed-error' finding)."""
+    from ember.runtime.fuzz.program import Input, Program, Step
+
+    def program(template: str, *inputs: Input) -> Program:
+        names = tuple(i.name for i in inputs)
+        return Program(inputs, (Step("v0", template, names),), ("v0",), (("d0", 5),))
+
+    cases = [
+        program(
+            "torch.nn.functional.embedding({1}, {0})",
+            Input("x0", ("d0", "d0"), "float32"),
+            Input("x1", ("d0",), "int64", index_of="d0", bad_index="n"),
+        ),
+        program(
+            "torch.gather({0}, 0, {1})",
+            Input("x0", ("d0",), "float32"),
+            Input("x1", ("d0",), "int64", index_of="d0", bad_index="2**40"),
+        ),
+        program(
+            "torch.remainder({0}, {1} * 0)",
+            Input("x0", ("d0",), "int64"),
+            Input("x1", ("d0",), "int64"),
+        ),
+    ]
+    for case in cases:
+        stats: dict[str, int] = {}
+        assert run_program(case, stats=stats) is None, render_function(case)
+        assert stats == {"raised": 1}
+
+    def no_error(fn: Callable[..., Any], dynamic: bool) -> Callable[..., Any]:
+        return lambda *args: tuple(torch.zeros(1) for _ in range(1))
+
+    finding = run_program(cases[0], compile_fn=no_error)
+    assert finding is not None and finding.kind == "missed-error"
+
+
+def test_a_worker_killed_by_a_signal_is_a_crash_finding(tmp_path: Path) -> None:
+    """A program that kills its process is a 'crash' of its seed with a reproducer,
+    and the campaign goes on with a new worker."""
+    from ember.runtime.fuzz.parallel import fuzz_in_workers
+
+    fake = tmp_path / "worker.py"
+    fake.write_text(
+        "import json, os, signal, sys\n"
+        "for line in sys.stdin:\n"
+        "    seed = int(line)\n"
+        "    print(f'start {seed}', flush=True)\n"
+        "    if seed == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "    reply = {'seed': seed, 'outcome': 'ok', 'dynamic': False, 'failure': None}\n"
+        "    print(json.dumps(reply), flush=True)\n"
+    )
+    result = fuzz_in_workers(
+        range(6), workers=2, out_dir=tmp_path, worker_command=[sys.executable, str(fake)]
+    )
+    assert result.programs == 6
+    assert [(f.seed, f.kind) for f in result.failures] == [(3, "crash")]
+    assert "signal 11" in result.failures[0].detail
+    assert Path(result.failures[0].reproducer or "").exists()
 
 
 def test_type_promotion_matches_torch() -> None:
@@ -107,7 +205,8 @@ def test_a_reproducer_runs_standalone_and_passes_when_ember_is_right(tmp_path: P
     assert "inputs_0 OK" in done.stdout
 
 
-# Seeds whose programs found bugs (kept fixed): 177 wrote past a buffer in a
+# Seeds whose programs found bugs (kept fixed, generated without hazards as they were
+# then): 177 wrote past a buffer in a
 # dynamic-shape kernel (`s**3 // s**2` printed without parentheses, heap corruption);
 # 32 and 233 returned selects/strided slices of intermediates with contiguous strides
 # where eager returns views; 401 (a float32 cumsum cast to float64) was judged at
@@ -118,7 +217,8 @@ FOUND_BUGS = (177, 32, 233, 401, 1351, 984)
 
 
 def test_seeds_that_found_bugs_pass() -> None:
-    assert [(s, run_program(generate(s))) for s in FOUND_BUGS] == [(s, None) for s in FOUND_BUGS]
+    found = [(s, run_program(generate(s, hazards=NO_HAZARDS))) for s in FOUND_BUGS]
+    assert found == [(s, None) for s in FOUND_BUGS]
 
 
 def test_tolerance_follows_the_least_precise_dtype_computed_through() -> None:

@@ -10,12 +10,19 @@ Sizes include 1 and odd sizes. A dynamic program also runs at a second set of si
 Discontinuous ops (comparisons feeding `where`, argmax) only read inputs, never values
 computed in between: a compiler may legally round intermediates differently, and a
 flipped comparison would be noise, not a bug.
+
+`Hazards` adds what a user's program can also bring: inputs at storage offsets and
+overlapping views, indexing ops (embedding, gather, index_select, advanced indexing,
+index_put, scatter_add) whose index inputs may hold an index out of range, and integer
+division and remainder whose divisors may be 0. Where eager raises on such a program,
+ember must raise too (run.py). Their choices come from a random stream of their own,
+so a program that draws none is the program its seed made before they existed.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ember.runtime.fuzz.program import FLOAT_DTYPES, Input, Program, Step
 
@@ -62,6 +69,38 @@ REDUCTIONS = (
 NORMALISING = ("torch.softmax({0}, {d})", "torch.log_softmax({0}, {d})", "torch.cumsum({0}, {d})")
 
 
+INT_DIVISION = (
+    "{0} // {1}",
+    "torch.remainder({0}, {1})",
+    "torch.fmod({0}, {1})",
+    "torch.div({0}, {1}, rounding_mode='trunc')",
+    "torch.div({0}, {1}, rounding_mode='floor')",
+)
+BAD_INDICES = ("n", "-n - 1", "n + 7", "2**40")
+
+
+@dataclass(frozen=True)
+class Hazards:
+    """What a program may hold besides valid arithmetic on fresh inputs (see the module
+    docstring). On a GPU, eager's own out-of-range index is a device-side assert that
+    ends the process's CUDA context, and integer division by zero does not raise:
+    `CUDA_HAZARDS` leaves both out."""
+
+    views: bool = True
+    indexing: bool = True
+    bad_indices: bool = True
+    zero_division: bool = True
+
+
+CPU_HAZARDS = Hazards()
+CUDA_HAZARDS = Hazards(bad_indices=False, zero_division=False)
+NO_HAZARDS = Hazards(views=False, indexing=False, bad_indices=False, zero_division=False)
+
+
+def hazards_for(device: str) -> Hazards:
+    return CUDA_HAZARDS if device.startswith("cuda") else CPU_HAZARDS
+
+
 @dataclass(frozen=True)
 class Value:
     name: str
@@ -73,8 +112,10 @@ class Value:
 class ProgramGenerator:
     """Builds one program; `generate(seed)` is the entry point."""
 
-    def __init__(self, seed: int, max_steps: int = 10) -> None:
+    def __init__(self, seed: int, max_steps: int = 10, hazards: Hazards = NO_HAZARDS) -> None:
         self.rng = random.Random(seed)
+        self.hazard_rng = random.Random(seed * 7919 + 17)
+        self.hazards = hazards
         self.seed = seed
         self.max_steps = max_steps
         self.dims = {f"d{i}": self.rng.choice(SIZES) for i in range(4)}
@@ -102,14 +143,26 @@ class ProgramGenerator:
         rank = self.rng.choice((1, 2, 2, 3, 3, 4))
         return tuple(self.rng.choice((*self.dims, "1")) for _ in range(rank))
 
-    def broadcastable_shape(self, shape: tuple[str, ...]) -> tuple[str, ...]:
+    def broadcastable_shape(
+        self, shape: tuple[str, ...], rng: random.Random | None = None
+    ) -> tuple[str, ...]:
         """A shape that broadcasts with `shape`: some dims become 1, leading ones may go."""
-        drop = self.rng.randint(0, max(0, len(shape) - 1)) if self.rng.random() < 0.3 else 0
-        return tuple("1" if self.rng.random() < 0.3 else k for k in shape[drop:])
+        r = rng or self.rng
+        drop = r.randint(0, max(0, len(shape) - 1)) if r.random() < 0.3 else 0
+        return tuple("1" if r.random() < 0.3 else k for k in shape[drop:])
 
     # -- ops ----------------------------------------------------------------------
 
     def step(self) -> None:
+        h = self.hazards
+        if h.indexing and self.hazard_rng.random() < 0.08:
+            self.index_op()
+            return
+        if h.zero_division or h.indexing:  # integer division (divisors kept nonzero or not)
+            ints = [v for v in self.values[-4:] if v.dtype in ("int32", "int64")]
+            if ints and self.hazard_rng.random() < 0.1:
+                self.int_division(self.hazard_rng.choice(ints))
+                return
         pick = self.rng.random()  # mostly chain on the newest value: longer live programs
         x = (
             self.values[-1]
@@ -214,6 +267,83 @@ class ProgramGenerator:
         else:
             self.emit("torch.where({0} > 0, {1}, {0})", (cond, a), shape, "float32")
 
+    def new_index(self, shape: tuple[str, ...], bound: str) -> Value:
+        """A fresh index input into a dimension of key `bound`."""
+        r = self.hazard_rng
+        bad = r.choice(BAD_INDICES) if self.hazards.bad_indices and r.random() < 0.3 else None
+        value = Value(f"x{len(self.inputs)}", shape, "int64", True)
+        self.inputs.append(Input(value.name, shape, "int64", index_of=bound, bad_index=bad))
+        self.values.append(value)
+        return value
+
+    def index_op(self) -> None:
+        """One indexing op over a recent value (or a fresh table), by a fresh index."""
+        r = self.hazard_rng
+        x = r.choice(self.values[-4:])
+        rank = len(x.shape)
+        kind = r.choice(("gather", "index_select", "index", "index_put", "scatter_add"))
+        if rank == 0 or r.random() < 0.25:
+            keys = list(self.dims)
+            table = self.new_input((r.choice(keys), r.choice(keys)), r.choice(FLOAT_DTYPES))
+            ids = self.new_index(
+                tuple(r.choice(keys) for _ in range(r.randint(1, 2))), table.shape[0]
+            )
+            template = "torch.nn.functional.embedding({0}, {1})"
+            self.emit(template, (ids, table), (*ids.shape, table.shape[1]), table.dtype)
+        elif kind == "gather":
+            d = r.randrange(rank)
+            ids = self.new_index(x.shape, x.shape[d])
+            self.emit(f"torch.gather({{0}}, {d}, {{1}})", (x, ids), x.shape, x.dtype)
+        elif kind == "index_select":
+            d = r.randrange(rank)
+            ids = self.new_index((r.choice(list(self.dims)),), x.shape[d])
+            shape = (*x.shape[:d], ids.shape[0], *x.shape[d + 1 :])
+            self.emit(f"{{0}}.index_select({d}, {{1}})", (x, ids), shape, x.dtype)
+        elif kind == "index":
+            ids = self.new_index(
+                tuple(r.choice(list(self.dims)) for _ in range(r.randint(1, 2))), x.shape[0]
+            )
+            self.emit("{0}[{1}]", (x, ids), (*ids.shape, *x.shape[1:]), x.dtype)
+        elif kind == "index_put":
+            ids = self.new_index((r.choice(list(self.dims)),), x.shape[0])
+            v = self.new_input((ids.shape[0], *x.shape[1:]), x.dtype)
+            template = "{0}.index_put(({1},), {2}, accumulate=True)"
+            self.emit(template, (x, ids, v), x.shape, x.dtype)
+        else:
+            d = r.randrange(rank)
+            ids = self.new_index(x.shape, x.shape[d])
+            src = self.new_input(x.shape, x.dtype)
+            self.emit(f"{{0}}.scatter_add({d}, {{1}}, {{2}})", (x, ids, src), x.shape, x.dtype)
+
+    def int_division(self, x: Value) -> None:
+        """An integer division or remainder by a fresh integer input: its values are
+        small and may be 0, unless zero divisors are off (then 1 to 6 in magnitude)."""
+        r = self.hazard_rng
+        divisor = self.new_input(self.broadcastable_shape(x.shape, r), r.choice(("int32", "int64")))
+        template = r.choice(INT_DIVISION)
+        if not self.hazards.zero_division or r.random() < 0.5:
+            template = template.replace("{1}", "({1}.abs() + 1)")
+        rank = max(len(x.shape), len(divisor.shape))
+        pa = ("1",) * (rank - len(x.shape)) + x.shape
+        pb = ("1",) * (rank - len(divisor.shape)) + divisor.shape
+        shape = tuple(q if p == "1" else p for p, q in zip(pa, pb, strict=True))
+        self.emit(template, (x, divisor), shape, promote(x.dtype, divisor.dtype))
+
+    def place_inputs(self, inputs: tuple[Input, ...]) -> tuple[Input, ...]:
+        """Some inputs at storage offsets, some overlapping an earlier input of the same
+        dtype (never an index input: its values must stay indices)."""
+        r = self.hazard_rng
+        placed: list[Input] = []
+        for inp in inputs:
+            roll = r.random()
+            earlier = [p for p in placed if p.dtype == inp.dtype and p.index_of is None]
+            if roll < 0.15 and earlier and inp.index_of is None:
+                inp = replace(inp, shares=r.choice(earlier).name, offset=r.randint(0, 12))
+            elif roll < 0.45:
+                inp = replace(inp, offset=r.randint(1, 40))
+            placed.append(inp)
+        return tuple(placed)
+
     def generate(self) -> Program:
         first = self.new_input(self.random_shape(), self.rng.choice(INPUT_DTYPES))
         del first
@@ -227,7 +357,10 @@ class ProgramGenerator:
         if self.rng.random() < 0.3:
             dynamic = tuple((k, v if v == 1 else self.rng.choice(SIZES[1:])) for k, v in sizes)
         program = Program(tuple(self.inputs), tuple(self.steps), outputs, sizes, dynamic, self.seed)
-        return program.live()
+        program = program.live()
+        if self.hazards.views:
+            program = replace(program, inputs=self.place_inputs(program.inputs))
+        return program
 
 
 _ORDER = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
@@ -240,6 +373,7 @@ def promote(a: str, b: str) -> str:
     return max(a, b, key=_ORDER.index)
 
 
-def generate(seed: int, max_steps: int = 10) -> Program:
-    """The random program for `seed` (the same program for the same seed, always)."""
-    return ProgramGenerator(seed, max_steps).generate()
+def generate(seed: int, max_steps: int = 10, hazards: Hazards = CPU_HAZARDS) -> Program:
+    """The random program for `seed` (the same program for the same seed and hazards,
+    always)."""
+    return ProgramGenerator(seed, max_steps, hazards).generate()

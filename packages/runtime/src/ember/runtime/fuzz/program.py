@@ -10,6 +10,13 @@ same program runs at several sizes under `torch.compile(dynamic=True)`.
 
 The float64 reference run prints the same program with every floating dtype replaced by
 float64 (`render(program, float64=True)`).
+
+Programs never write their inputs, so every run passes the same input tensors as they
+are: an input may be a view at a storage offset, or overlap an earlier input's storage
+(`Input.offset`, `Input.shares`), which is how the fuzzer reaches the runtime's layout
+rules. An index input (`Input.index_of`) holds indices into a dimension, wrapped
+negatives included, and may hold one out of range (`Input.bad_index`): eager raises,
+and so must ember.
 """
 
 from __future__ import annotations
@@ -26,11 +33,15 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 @dataclass(frozen=True)
 class Input:
-    """A program input: name, shape as dimension keys, dtype name."""
+    """A program input: name, shape as dimension keys, dtype name, and where it lies."""
 
     name: str
     shape: tuple[str, ...]
     dtype: str
+    offset: int = 0  # the storage offset of the view the program is given
+    shares: str | None = None  # an earlier input whose storage this view overlaps
+    index_of: str | None = None  # an index input: values in [-n, n), n this dimension key
+    bad_index: str | None = None  # an expression of n put in its first element (eager raises)
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,15 @@ def render_inputs(program: Program, sizes: dict[str, int], *, seed_expr: str = "
     lines = [f"gen = torch.Generator().manual_seed({seed_expr})"]
     for inp in program.inputs:
         shape = input_sizes(inp, sizes)
-        lines.append(f"{inp.name} = make_input({shape}, torch.{inp.dtype}, gen)")
+        if inp.index_of is not None:
+            n = dim_size(inp.index_of, sizes)
+            lines.append(f"{inp.name} = make_index({shape}, {n}, gen, {inp.bad_index!r})")
+        else:
+            lines.append(f"{inp.name} = make_input({shape}, torch.{inp.dtype}, gen)")
+    placements = _placements(program)
+    if any(p != (0, None) for p in placements):
+        names = ", ".join(i.name for i in program.inputs)
+        lines.append(f"{names}, = place_views([{names}], {placements!r})")
     return "\n".join(lines) + "\n"
 
 
@@ -152,13 +171,66 @@ def make_input(shape: list[int], dtype: torch.dtype, gen: torch.Generator) -> to
     return torch.randint(-5, 6, shape, generator=gen, dtype=dtype)
 
 
+def make_index(
+    shape: list[int], n: int, gen: torch.Generator, bad: str | None = None
+) -> torch.Tensor:
+    """int64 indices into a dimension of size `n`, negative ones (which wrap) included;
+    with `bad`, the first element is that expression of n (out of range)."""
+    index = torch.randint(-n, n, shape, generator=gen, dtype=torch.int64)
+    if bad is not None and index.numel():
+        index.view(-1)[0] = int(eval(bad, {"__builtins__": {}}, {"n": n}))
+    return index
+
+
+def place_views(
+    tensors: list[torch.Tensor], placements: list[tuple[int, int | None]]
+) -> list[torch.Tensor]:
+    """Each tensor as a contiguous view at storage offset `placements[i][0]`, in a
+    storage of its own or, where `placements[i][1]` names an earlier tensor's position,
+    in that tensor's storage (the views overlap: the later one's values win where they
+    do). Elements no view covers hold NaN (or a large integer), so a read of the wrong
+    place shows."""
+    groups: dict[int, list[int]] = {}
+    for i, (offset, shares) in enumerate(placements):
+        if offset or shares is not None:
+            groups.setdefault(i if shares is None else shares, []).append(i)
+    placed = list(tensors)
+    for root, members in groups.items():
+        members = sorted({root, *members})
+        length = max(placements[i][0] + tensors[i].numel() for i in members) + 3
+        dtype = tensors[root].dtype
+        fill = float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else 99991)
+        storage = torch.full((length,), fill, dtype=dtype)
+        for i in members:
+            t = tensors[i]
+            view = storage.as_strided(t.shape, t.contiguous().stride(), placements[i][0])
+            view.copy_(t)
+            placed[i] = view
+    return placed
+
+
+def _placements(program: Program) -> list[tuple[int, int | None]]:
+    """(offset, position of the shared input or None) per input; a shared input that
+    shrinking removed leaves a view of the input's own storage."""
+    positions = {inp.name: k for k, inp in enumerate(program.inputs)}
+    return [
+        (inp.offset, positions.get(inp.shares) if inp.shares is not None else None)
+        for inp in program.inputs
+    ]
+
+
 def make_inputs(
     program: Program, sizes: dict[str, int], seed: int, *, float64: bool = False
 ) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    tensors = [
-        make_input(input_sizes(i, sizes), getattr(torch, i.dtype), gen) for i in program.inputs
-    ]
+    tensors = []
+    for i in program.inputs:
+        shape = input_sizes(i, sizes)
+        if i.index_of is not None:
+            tensors.append(make_index(shape, dim_size(i.index_of, sizes), gen, i.bad_index))
+        else:
+            tensors.append(make_input(shape, getattr(torch, i.dtype), gen))
+    tensors = place_views(tensors, _placements(program))
     if float64:
         tensors = [t.double() if t.is_floating_point() else t for t in tensors]
     return tensors

@@ -5,6 +5,11 @@ float64 (the precise reference of the accuracy rule), and compiled. A dynamic pr
 is compiled once with `dynamic=True` and run at both of its size sets. Ember runs in
 strict mode so a compile failure is a finding, not a silent eager fallback.
 
+Where eager raises the error a user's bad input earns (an index out of range, an
+integer division by zero: `EXPECTED_ERROR`), ember must raise one too; returning
+values there is a finding ('missed-error'). Any other eager error means the generator
+made an invalid program.
+
 The compiler is a parameter (`compile_fn`) so that tests can plant a bug and check
 that the fuzzer finds it and the shrinker reduces it.
 """
@@ -12,6 +17,7 @@ that the fuzzer finds it and the shrinker reduces it.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,25 +46,40 @@ class Finding:
 
 
 INVALID = "invalid"  # eager itself raised: the program is not valid (shrinker rejects it)
+# What eager raises for bad input that a program may hold on purpose, and what ember's
+# error must say too.
+EXPECTED_ERROR = re.compile(r"out of (\w+ )?(range|bounds)|ZeroDivision|division by zero", re.I)
 
 
 def run_program(
-    program: Program, *, device: str = "cpu", compile_fn: CompileFn = compile_with_ember
+    program: Program,
+    *,
+    device: str = "cpu",
+    compile_fn: CompileFn = compile_with_ember,
+    stats: dict[str, int] | None = None,
 ) -> Finding | None:
-    """None when ember agrees with eager at every size set; else the first finding."""
+    """None when ember agrees with eager at every size set (or raises where eager
+    does: counted as `stats['raised']`); else the first finding."""
     size_sets = [dict(program.sizes)]
     if program.dynamic:
         size_sets.append(dict(program.dynamic_sizes))
     eager_fn = build_function(program)
     ref_fn = build_function(program, float64=True)
-    runs = []
-    try:
-        for sizes in size_sets:
-            inputs = [t.to(device) for t in make_inputs(program, sizes, program.seed)]
+    runs: list[tuple[list[torch.Tensor], Any, Any]] = []
+    for sizes in size_sets:
+        inputs = [t.to(device) for t in make_inputs(program, sizes, program.seed)]
+        try:
+            expected = eager_fn(*inputs)
+        except Exception as exc:
+            if not EXPECTED_ERROR.search(str(exc)):
+                return Finding(INVALID, f"eager raised {type(exc).__name__}: {exc}")
+            runs.append((inputs, exc, None))
+            continue
+        try:
             refs = [t.to(device) for t in make_inputs(program, sizes, program.seed, float64=True)]
-            runs.append((inputs, _call(eager_fn, inputs), _call(ref_fn, refs)))
-    except Exception as exc:
-        return Finding(INVALID, f"eager raised {type(exc).__name__}: {exc}")
+            runs.append((inputs, expected, ref_fn(*refs)))
+        except Exception as exc:
+            return Finding(INVALID, f"the float64 reference raised {type(exc).__name__}: {exc}")
     rounded = [_rounded_oracle(eager_fn, inputs) for inputs, _, _ in runs]
     torch._dynamo.reset()
     with config.scope(strict=True):
@@ -66,18 +87,20 @@ def run_program(
         for index, (inputs, expected, reference) in enumerate(runs):
             where = f"run {index} (sizes {size_sets[index]})"
             try:
-                actual = compiled(*[t.clone() for t in inputs])
+                actual = compiled(*inputs)  # programs never write their inputs
             except Exception as exc:
                 first_line = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+                if isinstance(expected, Exception) and EXPECTED_ERROR.search(str(exc)):
+                    if stats is not None:  # eager raised for the bad input, and so did ember
+                        stats["raised"] = stats.get("raised", 0) + 1
+                    continue
                 return Finding("error", f"{where}: {first_line[:400]}")
+            if isinstance(expected, Exception):
+                return Finding("missed-error", f"{where}: eager raised {expected!s:.200}")
             finding = _judge(program, actual, expected, reference, where, rounded[index])
             if finding is not None:
                 return finding
     return None
-
-
-def _call(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Any:
-    return fn(*[t.clone() for t in inputs])
 
 
 def _positional(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -95,7 +118,7 @@ def _rounded_oracle(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Calla
     def run() -> Any:
         try:
             with RoundedOps():  # type: ignore[no-untyped-call]  # torch stub
-                return _call(fn, inputs)
+                return fn(*inputs)
         except Exception:
             return None
 
