@@ -181,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-fallback", action="store_true", help="EMBER_FALLBACK=0: coverage")
     parser.add_argument("--ops", default="", help="comma-separated op names (default: all)")
     parser.add_argument("--every", type=int, default=1, help="take every n-th op (sampling)")
+    parser.add_argument(
+        "--shard", default="0/1", help="K/N: the K-th of N interleaved shares of the ops"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the outcomes here")
     parser.add_argument("--show", default="mismatch,error", help="outcomes to list in full")
     args = parser.parse_args(argv)
@@ -189,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = set(args.ops.split(","))
         ops = [op for op in ops if op.name in wanted or op_label(op) in wanted]
     ops = ops[:: args.every]
+    shard, shards = (int(part) for part in args.shard.split("/"))
+    if not 0 <= shard < shards:
+        parser.error(f"--shard {args.shard}: K must be in 0..N-1")
+    ops = ops[shard::shards]
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
 
     def progress(done: int, total: int, label: str) -> None:

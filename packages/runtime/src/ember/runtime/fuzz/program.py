@@ -158,7 +158,7 @@ def render_inputs(program: Program, sizes: dict[str, int], *, seed_expr: str = "
     placements = _placements(program)
     if any(p != (0, None) for p in placements):
         names = ", ".join(i.name for i in program.inputs)
-        lines.append(f"{names}, = place_views([{names}], {placements!r})")
+        lines.append(f"{names}, = place_views([{names}], {placements!r}, DEVICE)")
     return "\n".join(lines) + "\n"
 
 
@@ -183,24 +183,27 @@ def make_index(
 
 
 def place_views(
-    tensors: list[torch.Tensor], placements: list[tuple[int, int | None]]
+    tensors: list[torch.Tensor],
+    placements: list[tuple[int, int | None]],
+    device: str | torch.device = "cpu",
 ) -> list[torch.Tensor]:
     """Each tensor as a contiguous view at storage offset `placements[i][0]`, in a
     storage of its own or, where `placements[i][1]` names an earlier tensor's position,
     in that tensor's storage (the views overlap: the later one's values win where they
     do). Elements no view covers hold NaN (or a large integer), so a read of the wrong
-    place shows."""
+    place shows. Every tensor comes back on `device` (a copy to another device would
+    start at offset 0 again)."""
     groups: dict[int, list[int]] = {}
     for i, (offset, shares) in enumerate(placements):
         if offset or shares is not None:
             groups.setdefault(i if shares is None else shares, []).append(i)
-    placed = list(tensors)
+    placed = [t.to(device) for t in tensors]
     for root, members in groups.items():
         members = sorted({root, *members})
         length = max(placements[i][0] + tensors[i].numel() for i in members) + 3
         dtype = tensors[root].dtype
         fill = float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else 99991)
-        storage = torch.full((length,), fill, dtype=dtype)
+        storage = torch.full((length,), fill, dtype=dtype, device=device)
         for i in members:
             t = tensors[i]
             view = storage.as_strided(t.shape, t.contiguous().stride(), placements[i][0])
@@ -220,8 +223,14 @@ def _placements(program: Program) -> list[tuple[int, int | None]]:
 
 
 def make_inputs(
-    program: Program, sizes: dict[str, int], seed: int, *, float64: bool = False
+    program: Program,
+    sizes: dict[str, int],
+    seed: int,
+    *,
+    float64: bool = False,
+    device: str | torch.device = "cpu",
 ) -> list[torch.Tensor]:
+    """The program's inputs on `device`, values from a generator seeded with `seed`."""
     gen = torch.Generator().manual_seed(seed)
     tensors = []
     for i in program.inputs:
@@ -230,7 +239,7 @@ def make_inputs(
             tensors.append(make_index(shape, dim_size(i.index_of, sizes), gen, i.bad_index))
         else:
             tensors.append(make_input(shape, getattr(torch, i.dtype), gen))
-    tensors = place_views(tensors, _placements(program))
+    tensors = place_views(tensors, _placements(program), device)
     if float64:
         tensors = [t.double() if t.is_floating_point() else t for t in tensors]
     return tensors

@@ -67,7 +67,7 @@ def run_program(
     ref_fn = build_function(program, float64=True)
     runs: list[tuple[list[torch.Tensor], Any, Any]] = []
     for sizes in size_sets:
-        inputs = [t.to(device) for t in make_inputs(program, sizes, program.seed)]
+        inputs = make_inputs(program, sizes, program.seed, device=device)
         try:
             expected = eager_fn(*inputs)
         except Exception as exc:
@@ -76,7 +76,7 @@ def run_program(
             runs.append((inputs, exc, None))
             continue
         try:
-            refs = [t.to(device) for t in make_inputs(program, sizes, program.seed, float64=True)]
+            refs = make_inputs(program, sizes, program.seed, float64=True, device=device)
             runs.append((inputs, expected, ref_fn(*refs)))
         except Exception as exc:
             return Finding(INVALID, f"the float64 reference raised {type(exc).__name__}: {exc}")
