@@ -8,7 +8,7 @@ a kernel that only reads (a reduction) pays for writes it does not make. This ti
 copy, row and column sums (eager, Inductor, and the split column sum of
 sum_cols_sweep.py) after three flushes: zeroing (do_bench's), reading 256 MB (L2 left
 clean), none. Run in session 7 on the H100 machine; the table is in
-benchmarks/results/gpu-h100-2026-11-22-session7.md.
+benchmarks/results/gpu-h100-2026-11-22-ff8bcb9.md.
 """
 
 from __future__ import annotations

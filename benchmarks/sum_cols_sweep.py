@@ -10,7 +10,7 @@ time is shown as a share of the copy bandwidth measured the same way: the questi
 how close to 90% of the copy any such schedule gets on this GPU. Session 7 (H100)
 ran the grids `tall` (64-256 columns x 8-64 rows), `wide` (512-4096 columns),
 `more` (many short chunks) and `policies` (eviction policy, split order); see
-benchmarks/results/gpu-h100-2026-11-22-session7.md.
+benchmarks/results/gpu-h100-2026-11-22-ff8bcb9.md.
 """
 
 from __future__ import annotations
