@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A/B of two source trees in one device call: this checkout and an older one, same
-# machine, same run (rows move between lent machines by more than most changes).
+# A/B of two source trees in one run on the GPU machine: this checkout and an older one,
+# same machine, same run (rows move between machines by more than most changes).
 #
 #   git archive <rev> packages | (mkdir -p ab_old && tar -x -C ab_old)   # here, once
-#   bash benchmarks/ab_trees.sh ab_old MODELS [MODES] [BACKENDS]           # on the device
+#   bash benchmarks/ab_trees.sh ab_old MODELS [MODES] [BACKENDS]           # on the GPU machine
 #
-# ab_old is untracked: name it in the device call's carry (or keep it unignored).
+# ab_old is untracked: copy it to the GPU machine along with the checkout (or keep it unignored).
 # Each tree runs `ember bench --no-warm` with PYTHONPATH over its own packages, twice
 # in alternation (old, new, old, new), so that a drift of the machine shows; then the
 # backends named in BACKENDS (default none; e.g. inductor) once, as the yardstick.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks in one device call: the CUDA tests, then whichever measurements are named.
+# GPU checks in one run: the CUDA tests, then whichever measurements are named.
 #   bash benchmarks/gpu_checks.sh [tests] [demo] [kernels] [profile:MODELS] [bench:MODELS:SECONDS[:MODES]]
 # Logs go to $OUT (or ./gpu_out); a short summary of each part is printed last.
 set -u
@@ -19,7 +19,7 @@ for part in "$@"; do
                  >"$OUT/profile.log" 2>&1
                summary+=("profile: rc=$?") ;;
     bench:*) IFS=: read -r _ models limit modes <<<"$part"
-             # file names without commas: the device tool returns only plain names
+             # file names without commas: plain names are the easiest to copy back
              tag=${models//,/_}
              python3 -m ember.runtime.cli bench --device cuda --models "$models" --no-warm \
                --modes "${modes:-inference,train}" --time-limit "$limit" \

@@ -7,7 +7,7 @@ of dirty lines that the timed kernel's traffic must write back. A copy writes an
 a kernel that only reads (a reduction) pays for writes it does not make. This times a
 copy, row and column sums (eager, Inductor, and the split column sum of
 sum_cols_sweep.py) after three flushes: zeroing (do_bench's), reading 256 MB (L2 left
-clean), none. Run in session 7 on the H100 machine; the table is in
+clean), none. Run on the H100 machine (2026-11-22, ff8bcb9); the table is in
 benchmarks/results/gpu-h100-2026-11-22-ff8bcb9.md.
 """
 

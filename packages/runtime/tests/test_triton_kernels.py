@@ -158,9 +158,9 @@ def _causal_safe_softmax(scores: torch.Tensor) -> Any:
 
 CASES: dict[str, Case] = {
     "safe_softmax_epilogue": (_causal_safe_softmax, _args((2, 3, 8, 8)), {"atol": 1e-6}),
-    # session 4: a channels-last output iterated in storage order; an unrolled 3x3
-    # max pool with eager's indices; a broadcast-mask sum read back by a softmax as
-    # its prologue (indices through floors and mods of the softmax's own index)
+    # a channels-last output iterated in storage order; an unrolled 3x3 max pool
+    # with eager's indices; a broadcast-mask sum read back by a softmax as its
+    # prologue (indices through floors and mods of the softmax's own index)
     "channels_last": (lambda x, b: torch.relu(x * 2.0 + b), _channels_last, {}),
     "max_pool_unrolled": (
         lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True),

@@ -195,7 +195,7 @@ def run_bench(
 ) -> list[BenchRecord]:
     """Measure every selected (model, mode, backend); skipped models get a record too.
     `on_record` sees all the records after each measurement (the finished ones
-    filled in), so a run stopped from outside (a device call's own time limit) keeps
+    filled in), so a run stopped from outside (a time limit on the whole run) keeps
     what it measured: `--json` writes them each time."""
     specs = [MODELS[name] for name in options.models]
     dtype = dtype_for(options)
