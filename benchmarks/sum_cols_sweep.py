@@ -8,8 +8,9 @@ rows] tiles, float32 accumulators), then a final kernel summing the partials. Ea
 config is timed with `do_bench` (which zeroes 256 MB between runs to flush L2) and the
 time is shown as a share of the copy bandwidth measured the same way: the question is
 how close to 90% of the copy any such schedule gets on this GPU. The H100 run
-(2026-11-22, ff8bcb9) covered the grids `tall` (64-256 columns x 8-64 rows), `wide` (512-4096 columns),
-`more` (many short chunks) and `policies` (eviction policy, split order); see
+(2026-11-22, ff8bcb9) covered the grids `tall` (64-256 columns x 8-64 rows), `wide`
+(512-4096 columns), `more` (many short chunks) and `policies` (eviction policy, split
+order); see
 benchmarks/results/gpu-h100-2026-11-22-ff8bcb9.md.
 """
 
