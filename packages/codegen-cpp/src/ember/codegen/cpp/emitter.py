@@ -14,7 +14,10 @@ code that finds it records its number, the bad value and the size in the kernel'
 error record (`ember_error`, a parameter of kernels that have checks), which the
 runtime reads after the kernel returns. Meanwhile the kernel goes on with a harmless
 value: index 0 (a load or store guarded by `size > 0` where the size may be 0), a
-divisor of 1, so it never faults.
+divisor of 1, so it never faults. Inside an `omp simd` loop (`Emitter.simd_loop`) an
+index check is branch-free, so the loop still vectorises: each lane takes the index
+or 0, the loop keeps the smallest and largest index seen (min/max reductions), and
+one test after the loop records the error.
 """
 
 from __future__ import annotations
@@ -94,6 +97,18 @@ class KernelContext:
             raise self.error(str(exc)) from exc
 
 
+@dataclass(frozen=True)
+class SimdCheck:
+    """An index check inside a simd loop: the loop's min/max reduction variables, and
+    what to test against after it."""
+
+    number: int
+    low: str  # C++ of the smallest valid index (loop-invariant)
+    size: str
+    smallest: str
+    largest: str
+
+
 class Emitter:
     """C++ lines at a current indentation, with nested scopes of memoised temporaries."""
 
@@ -102,6 +117,7 @@ class Emitter:
         self.lines: list[str] = []
         self.depth = depth
         self.scopes: list[dict[Node, str]] = [{}]
+        self.simd_checks: list[SimdCheck] | None = None  # inside a simd loop
 
     def line(self, text: str) -> None:
         self.lines.append("  " * self.depth + text if text else "")
@@ -121,6 +137,35 @@ class Emitter:
             self.scopes.pop()
             self.depth -= 1
             self.line(close)
+
+    @contextmanager
+    def simd_loop(self, header: str) -> Iterator[None]:
+        """`#pragma omp simd` and the loop `header`, with the reductions and the
+        after-loop test of the index checks emitted inside (see the module docstring)."""
+        at = len(self.lines)
+        self.line("#pragma omp simd")
+        outer, self.simd_checks = self.simd_checks, []
+        try:
+            with self.block(header):
+                yield
+            found = self.simd_checks
+        finally:
+            self.simd_checks = outer
+        if not found:
+            return
+        indent = "  " * self.depth
+        smallest = ", ".join(c.smallest for c in found)
+        largest = ", ".join(c.largest for c in found)
+        self.lines[at] += f" reduction(min:{smallest}) reduction(max:{largest})"
+        self.lines[at:at] = [
+            f"{indent}int64_t {c.smallest} = INT64_MAX, {c.largest} = INT64_MIN;" for c in found
+        ]
+        for c in found:
+            self.line(
+                f"if ({c.smallest} < {c.low} || {c.largest} >= {c.size}) ember::fail("
+                f"{ERROR_RECORD}, {c.number}, {c.largest} >= {c.size} ? {c.largest} : "
+                f"{c.smallest}, {c.size});"
+            )
 
     def fresh(self) -> str:
         return f"t{next(self.ctx.counter)}"
@@ -179,9 +224,22 @@ class Emitter:
     def _check_index(self, node: CheckIndex) -> str:
         index, size, low = self._known(node.index), self._known(node.size), self.value(node.low)
         number = self.ctx.check(KernelCheck("index", node.describe(), node.dim))
+        mask = self._known(node.mask) if node.mask is not None else None
+        if self.simd_checks is not None and isinstance(node.size, IndexExpr):
+            # branch-free: a call on the error path would keep the loop scalar
+            smallest, largest = f"{self.fresh()}_lo", f"{self.fresh()}_hi"
+            size_text = self.ctx.index(node.size.expr)
+            low_text = "0" if not node.wraps else f"-({size_text})"
+            self.simd_checks.append(SimdCheck(number, low_text, size_text, smallest, largest))
+            seen = index if mask is None else f"{mask} ? {index} : {low}"
+            self.line(f"{smallest} = std::min<int64_t>({smallest}, {seen});")
+            self.line(f"{largest} = std::max<int64_t>({largest}, {seen});")
+            return self._define(
+                torch.int64, f"({index} >= {low} && {index} < {size}) ? {index} : 0"
+            )
         checked = f"ember::checked_index({index}, {low}, {size}, {ERROR_RECORD}, {number})"
-        if node.mask is not None:
-            checked = f"{self._known(node.mask)} ? {checked} : {index}"
+        if mask is not None:
+            checked = f"{mask} ? {checked} : {index}"
         return self._define(torch.int64, checked)
 
     def size_guards(self, roots: tuple[Node, ...]) -> list[str]:

@@ -96,13 +96,11 @@ def emit_pointwise(e: Emitter) -> None:
             with e.block(f"for (int64_t ib = 0; ib < {bounds[-1]}; ib += {BLOCK})"):
                 e.line(f"const int64_t ie = std::min<int64_t>(ib + {BLOCK}, {bounds[-1]});")
                 hoist_checks(e, inner)
-                e.line("#pragma omp simd")
-                with e.block(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
+                with e.simd_loop(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
                     _pointwise_body(e)
         else:
             hoist_checks(e, inner)
-            e.line("#pragma omp simd")
-            with e.block(f"for (int64_t {inner} = 0; {inner} < {bounds[-1]}; ++{inner})"):
+            with e.simd_loop(f"for (int64_t {inner} = 0; {inner} < {bounds[-1]}; ++{inner})"):
                 _pointwise_body(e)
 
 
