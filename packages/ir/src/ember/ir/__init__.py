@@ -18,8 +18,25 @@ from ember.ir import (  # noqa: F401
     reduction,
     views,
 )
-from ember.ir.errors import LoweringError, VerificationError
-from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, loads, walk
+from ember.ir.errors import (
+    IndexOutOfBounds,
+    LoweringError,
+    VerificationError,
+    index_error_message,
+)
+from ember.ir.expr import (
+    Cast,
+    CheckIndex,
+    Const,
+    IndexExpr,
+    Load,
+    Node,
+    Op,
+    Rand,
+    Where,
+    loads,
+    walk,
+)
 from ember.ir.interpreter import (
     argument_value,
     bind_symbols,
@@ -65,6 +82,7 @@ __all__ = [
     "REDUCTION_KINDS",
     "BufferRef",
     "Cast",
+    "CheckIndex",
     "ComputeNode",
     "ComputedBuffer",
     "Const",
@@ -72,6 +90,7 @@ __all__ = [
     "ExternKernel",
     "IRNode",
     "IndexExpr",
+    "IndexOutOfBounds",
     "InputBuffer",
     "Layout",
     "Load",
@@ -102,6 +121,7 @@ __all__ = [
     "format_arg",
     "format_body",
     "format_program",
+    "index_error_message",
     "iter_exprs",
     "iter_refs",
     "laid_out",

@@ -18,7 +18,7 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv
 
-from ember.ir.expr import IndexExpr, Load, Node, Where, map_dag
+from ember.ir.expr import CheckIndex, IndexExpr, Load, Node, Where, map_dag
 from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, list_arg, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
@@ -46,9 +46,14 @@ def in_range(expr: sympy.Expr, low: sympy.Expr, high: sympy.Expr) -> Node:
 
 def guard(body: Node, mask: Node, only: Callable[[Load], bool] | None = None) -> Node:
     """`body` with every load (or each one `only` picks) masked by `mask` (it reads 0
-    where the mask is off), so that lanes outside a piece never address its memory."""
+    where the mask is off), so that lanes outside a piece never address its memory;
+    and every index check too: an index computed from a masked read (say `ids - 1`
+    from the 0 it reads) is no index of the result there and must not raise."""
 
     def add_mask(node: Node) -> Node:
+        if isinstance(node, CheckIndex):
+            both = mask if node.mask is None else op("logical_and", node.mask, mask)
+            return replace(node, mask=both)
         if not isinstance(node, Load) or (only is not None and not only(node)):
             return node
         combined = mask if node.mask is None else op("logical_and", node.mask, mask)

@@ -4,8 +4,10 @@ A loop node's iteration space becomes index grids (`torch.arange` per loop varia
 shaped to broadcast against each other); each body node is evaluated once over the
 whole grid (memoised, so shared subexpressions cost once), index expressions included.
 Loads gather from the flat storage of the buffer they name, masked loads never touch
-memory where the mask is off, and every `Op` runs as the torch function of the same
-name in the node's dtype. ember.ir.interpreter drives it for whole programs.
+memory where the mask is off, index checks raise `IndexOutOfBounds` as eager would,
+and every `Op` runs as the torch function of the same name in the node's dtype
+(integer division by zero raises, as torch on the CPU does). ember.ir.interpreter
+drives it for whole programs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import sympy
 import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
 
-from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.errors import IndexOutOfBounds, index_error_message
+from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.loops import Pointwise, Scatter
 from ember.ir.nodes import ComputedBuffer
 from ember.ir.random import normal, uniform
@@ -125,12 +128,30 @@ class BodyEvaluator:
         if isinstance(node, Where):
             cond, a, b = (self.memo[id(n)] for n in (node.cond, node.a, node.b))
             return torch.where(cond, a, b)
+        if isinstance(node, CheckIndex):
+            return self._check_index(node)
         if isinstance(node, Rand):
             seed = torch.as_tensor(self.env[node.seed], dtype=torch.int64)
             counter = torch.as_tensor(self.index(node.index + node.offset), dtype=torch.int64)
             draw = uniform if node.distribution == "uniform" else normal
             return draw(seed, counter).to(node.dtype)
         raise TypeError(f"cannot evaluate {type(node).__name__}")
+
+    def _check_index(self, node: CheckIndex) -> torch.Tensor:
+        """The index itself, after raising if any point (where the mask holds) is
+        outside the dimension, as eager's indexing ops do."""
+        index = self.memo[id(node.index)]
+        size = int(self.memo[id(node.size)])
+        low = -size if node.wraps else 0
+        bad = (index < low) | (index >= size)
+        if node.mask is not None:
+            bad = bad & self.memo[id(node.mask)]
+        if bool(bad.any()):
+            value = int(torch.broadcast_to(index, bad.shape)[bad][0])
+            raise IndexOutOfBounds(
+                index_error_message(node.describe(), node.dim, value, size), index=value, size=size
+            )
+        return index
 
     def _load(self, node: Load) -> torch.Tensor:
         flat = storage_of(self.env[node.buffer])

@@ -137,6 +137,54 @@ class Load(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class CheckIndex(Node):
+    """The int64 value of `index`, which must lie in `[0, size)` (or `[-size, size)`
+    with `wraps`, for ops that count negative indices from the end) wherever `mask`
+    holds (everywhere without one); anywhere else the program is in error.
+
+    Lowering wraps every data-dependent index in one of these (unless index checks are
+    off), so that an index out of its dimension raises instead of reading or writing
+    outside the buffer. The value passes through unchanged: each evaluator decides how
+    to fail (the interpreter raises, the C++ kernels record the error and read or
+    write nothing, Triton asserts on the device). `size` is an `IndexExpr` child, so
+    its size symbols reach kernels as every index's do. `op`, `node` and `dim` name
+    what is indexed, for the error message.
+    """
+
+    index: Node
+    size: Node
+    wraps: bool
+    op: str
+    node: str
+    dim: int
+    mask: Node | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.int64
+
+    @property
+    def low(self) -> Node:
+        """The smallest valid index: 0, or -size where negative indices wrap."""
+        if not self.wraps:
+            return Const(0, torch.int64)
+        if isinstance(self.size, IndexExpr):
+            return IndexExpr(-self.size.expr)
+        return Op("neg", (self.size,), torch.int64)
+
+    def children(self) -> tuple[Node, ...]:
+        return (self.index, self.size, *((self.mask,) if self.mask is not None else ()))
+
+    def with_children(self, children: tuple[Node, ...]) -> Node:
+        mask = children[2] if self.mask is not None else None
+        return replace(self, index=children[0], size=children[1], mask=mask)
+
+    def describe(self) -> str:
+        """The op and graph node indexed, for error messages."""
+        return f"{self.op} (graph node {self.node!r})"
+
+
+@dataclass(frozen=True, eq=False)
 class Op(Node):
     """An op of the ops protocol (`ember.ir.ops.OpsHandler`) applied to `args`."""
 

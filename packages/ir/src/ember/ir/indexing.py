@@ -2,11 +2,14 @@
 (indirect loads) and scatter, scatter_add, scatter_reduce, index_put (indirect stores).
 
 An indirect load reads a stored buffer at an index that uses the symbols `ind0, ...`,
-each the value of an index tensor at this point (`Load.indirect`), after negative
-indices are wrapped as PyTorch does. The source of an indirect load is realized first,
-so the load's index is plain layout math. Scatters copy their destination into a fresh
-buffer, then a `Scatter` loop node writes (or accumulates) into that copy; the result
-is the copy's new version.
+each the value of an index tensor at this point (`Load.indirect`). Each index is first
+checked against its dimension (`CheckIndex`, unless `LoweringOptions.index_checks`
+is off), with the range eager accepts: `[-size, size)` with negative indices counted
+from the end for index and index_put, `[0, size)` for the others (eager raises on a
+negative embedding, gather, index_select or scatter index). The source of an
+indirect load is realized first, so the load's index is plain layout math.
+Scatters copy their destination into a fresh buffer, then a `Scatter` loop node writes
+(or accumulates) into that copy; the result is the copy's new version.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sympy
 import torch
 import torch.fx
 
-from ember.ir.expr import Load, Node, Where
+from ember.ir.expr import CheckIndex, Load, Node, Where
 from ember.ir.layout import Layout
 from ember.ir.loops import Pointwise, Scatter
 from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
@@ -38,6 +41,37 @@ def wrap_index(value: Node, size: sympy.Expr) -> Node:
 
     value = cast(value, torch.int64)
     return Where(op("lt", value, c(0, value)), op("add", value, index_value(size)), value)
+
+
+def checked_index(
+    lowering: GraphLowering,
+    node: torch.fx.Node,
+    value: Node,
+    size: sympy.Expr,
+    dim: int,
+    *,
+    wraps: bool,
+) -> Node:
+    """The int64 position in a dimension of `size` that index `value` names: checked
+    against the range eager accepts (see the module docstring), then, where negative
+    indices count from the end, wrapped. Without checks every index is wrapped, as
+    before checks existed, which is harmless for good indices."""
+    from ember.ir.assemble import index_value
+
+    target = node.target
+    if not lowering.options.index_checks:
+        return wrap_index(value, size)
+    packet = target.overloadpacket.__name__ if isinstance(target, torch._ops.OpOverload) else "?"
+    op_name = f"aten.{packet}"
+    checked = CheckIndex(
+        cast(value, torch.int64),
+        index_value(size),
+        wraps,
+        op_name,
+        node.name,
+        dim,
+    )
+    return wrap_index(checked, size) if wraps else checked
 
 
 def address(layout: Layout, positions: Sequence[Position]) -> tuple[sympy.Expr, tuple[Node, ...]]:
@@ -78,8 +112,14 @@ class AdvancedIndex:
     index to x's coordinates, shared by index and index_put."""
 
     def __init__(
-        self, lowering: GraphLowering, x_size: tuple[sympy.Expr, ...], indices: Sequence[Any]
+        self,
+        lowering: GraphLowering,
+        node: torch.fx.Node,
+        x_size: tuple[sympy.Expr, ...],
+        indices: Sequence[Any],
     ):
+        self.lowering = lowering
+        self.node = node
         self.x_size = x_size
         self.tensors = {
             d: _index_tensor(lowering, i) for d, i in enumerate(indices) if i is not None
@@ -113,14 +153,17 @@ class AdvancedIndex:
         for k, d in enumerate(self.after):
             result[d] = index[start + nb + k]
         for d, t in self.tensors.items():
-            result[d] = wrap_index(broadcast_loader(t, self.broadcast)(b_index), self.x_size[d])
+            value = broadcast_loader(t, self.broadcast)(b_index)
+            result[d] = checked_index(
+                self.lowering, self.node, value, self.x_size[d], d, wraps=True
+            )
         return result
 
 
 @register_lowering(aten.index.Tensor, aten._unsafe_index.Tensor)
 def lower_index(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
-    plan = AdvancedIndex(lowering, layout.size, node.args[1])  # type: ignore[arg-type]  # a list
+    plan = AdvancedIndex(lowering, node, layout.size, node.args[1])  # type: ignore[arg-type]  # a list
     size = lowering.out_size(node)
     if len(size) != len(plan.size):
         raise NotLowerable("unexpected result rank")
@@ -144,7 +187,8 @@ def lower_gather(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 
     def load(index: Index) -> Node:
         positions: list[Position] = list(index)
-        positions[dim] = wrap_index(index_value.loader(index), layout.size[dim])
+        value = index_value.loader(index)
+        positions[dim] = checked_index(lowering, node, value, layout.size[dim], dim, wraps=False)
         return indirect_load(name, layout, positions)
 
     return LazyTensor(layout.device, layout.dtype, index_value.size, load)
@@ -164,7 +208,8 @@ def lower_index_select(lowering: GraphLowering, node: torch.fx.Node) -> LazyTens
     def load(index: Index) -> Node:
         positions: list[Position] = list(index)
         at = [index[dim]] if index_value.ndim == 1 else []
-        positions[dim] = wrap_index(index_value.loader(at), layout.size[dim])
+        value = index_value.loader(at)
+        positions[dim] = checked_index(lowering, node, value, layout.size[dim], dim, wraps=False)
         return indirect_load(name, layout, positions)
 
     return LazyTensor(layout.device, layout.dtype, size, load)
@@ -177,7 +222,7 @@ def lower_embedding(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     size = lowering.out_size(node)
 
     def load(index: Index) -> Node:
-        row = wrap_index(ids.loader(index[:-1]), layout.size[0])
+        row = checked_index(lowering, node, ids.loader(index[:-1]), layout.size[0], 0, wraps=False)
         return indirect_load(name, layout, [row, index[-1]])
 
     return LazyTensor(layout.device, layout.dtype, size, load)
@@ -233,7 +278,8 @@ def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
         positions: list[Position] = []
     else:
         positions = list(i)
-        positions[dim] = wrap_index(index_value.loader(i), layout.size[dim])
+        at = index_value.loader(i)
+        positions[dim] = checked_index(lowering, node, at, layout.size[dim], dim, wraps=False)
     offset, indirect = address(layout, positions)
     if not include_self:
         # the positions written start from the reduction's identity, not from self
@@ -252,7 +298,7 @@ def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
 def lower_index_put(lowering: GraphLowering, node: torch.fx.Node) -> Any:
     a = lowering.args(node)
     source = lowering.tensor(a["self"])
-    plan = AdvancedIndex(lowering, source.size, a["indices"])
+    plan = AdvancedIndex(lowering, node, source.size, a["indices"])
     name, layout = fresh_copy(lowering, a["self"])
     values = lowering.tensor(a["values"])
     i = loop_vars(len(plan.size))

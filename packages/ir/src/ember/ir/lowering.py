@@ -91,6 +91,11 @@ class LoweringOptions:
     # (EMBER_RECOMPUTE).
     recompute_shared: bool = False
     recompute_cost: int = 32
+    # Check every data-dependent index (embedding, gather, index, scatter, ...) against
+    # its dimension (`CheckIndex`): out of range, the program raises as eager does
+    # instead of reading or writing outside the buffer. The runtime maps
+    # EMBER_INDEX_CHECKS=0 to False, for kernels whose indices are known good.
+    index_checks: bool = True
 
 
 # The lowering table: ATen overload -> function building IR for one node (used with

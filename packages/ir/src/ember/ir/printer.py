@@ -7,7 +7,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.loops import Pointwise, Reduction, Scatter
 from ember.ir.nodes import (
     BufferRef,
@@ -101,6 +101,13 @@ def _format_node(node: Node, names: dict[int, str]) -> str:
         return f"cast({names[id(node.x)]}): {_dtype(node.dtype)}"
     if isinstance(node, Where):
         return f"where({names[id(node.cond)]}, {names[id(node.a)]}, {names[id(node.b)]})"
+    if isinstance(node, CheckIndex):
+        span = "[-size, size)" if node.wraps else "[0, size)"
+        text = f"check_index({names[id(node.index)]} in {span}, size={names[id(node.size)]})"
+        text += f" dim {node.dim} of {node.describe()}"
+        if node.mask is not None:
+            text += f" if {names[id(node.mask)]}"
+        return text
     if isinstance(node, Rand):
         return f"rand_{node.distribution}(seed={node.seed}, {node.offset} + {node.index})"
     return repr(node)

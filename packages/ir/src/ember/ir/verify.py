@@ -15,7 +15,7 @@ import torch
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from ember.ir.errors import VerificationError
-from ember.ir.expr import Cast, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.expr import Cast, CheckIndex, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.layout import Layout
 from ember.ir.loops import REDUCTION_KINDS, SCATTER_REDUCE, Reduction, Scatter, loop_bodies
 from ember.ir.nodes import (
@@ -196,6 +196,11 @@ def _check_node(
         if node.distribution not in ("uniform", "normal") or node.dtype != torch.float32:
             raise VerificationError(f"{where}: bad random draw {node.distribution} {node.dtype}")
         _check_symbols(where, node.index, allowed)
+    elif isinstance(node, CheckIndex):
+        if node.index.dtype != torch.int64 or node.size.dtype != torch.int64:
+            raise VerificationError(f"{where}: an index check takes int64 index and size")
+        if node.mask is not None and node.mask.dtype != torch.bool:
+            raise VerificationError(f"{where}: mask of an index check is not bool")
     elif isinstance(node, Cast) and node.x.dtype == node.to:
         raise VerificationError(f"{where}: cast to its own dtype {node.to}")
 

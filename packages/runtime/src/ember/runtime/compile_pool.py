@@ -546,11 +546,14 @@ def warm_up(
     num_warps: int,
     num_stages: int,
     device: int,
+    options: dict[str, Any] | None = None,
 ) -> Any:
     """Compile (or load) the jit function `fn` for one launch config the way a real
     launch specialises it: 16-byte-aligned pointers of `dtypes`, then `ints` sizes of
-    an int32 value (sizes are never specialised by value), on CUDA device `device`.
-    Returns Triton's compiled kernel.
+    an int32 value (sizes are never specialised by value), on CUDA device `device`,
+    with the kernel's own Triton `options` (`TritonKernel.launch_options`: a kernel
+    with index checks compiles with `debug`; a worker compiles the options captured
+    here). Returns Triton's compiled kernel.
 
     The pointers are Triton's stand-ins (`MockTensor`: a dtype and an aligned address),
     not tensors: this runs while AOTAutograd traces, where a tensor made in the
@@ -561,5 +564,10 @@ def warm_up(
         args: list[object] = [MockTensor(d) for d in dtypes]
         args += [64] * ints
         return fn.warmup(
-            *args, grid=(1,), **dict(blocks), num_warps=num_warps, num_stages=num_stages
+            *args,
+            grid=(1,),
+            **dict(blocks),
+            num_warps=num_warps,
+            num_stages=num_stages,
+            **(options or {}),
         )

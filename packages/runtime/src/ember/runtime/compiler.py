@@ -186,6 +186,7 @@ def _build(
             loops=loops,
             unsupported_ops=unsupported_ops(devices, config.kernels) if loops else frozenset(),
             recompute_shared=recompute_shared(devices),
+            index_checks=config.index_checks,
         )
         program = lower_graph(gm, name=name, options=options)
         verify(program)

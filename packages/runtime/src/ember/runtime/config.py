@@ -166,6 +166,13 @@ KNOBS: dict[str, Knob[Any]] = {
         lambda: "off",
         "Also run each compiled graph eagerly and compare: raise (1), warn, or off (0).",
     ),
+    "index_checks": Knob(
+        "EMBER_INDEX_CHECKS",
+        _parse_bool,
+        lambda: True,
+        "Check data-dependent indices (embedding, gather, index, scatter, ...) against "
+        "their dimension and raise as eager does (1, default), or trust them (0).",
+    ),
     "debug_dir": Knob(
         "EMBER_DEBUG_DIR",
         _parse_path,
@@ -300,6 +307,10 @@ class EmberConfig:
         if isinstance(value, bool):
             return "raise" if value else "off"
         return _parse_check(str(value))
+
+    @property
+    def index_checks(self) -> bool:
+        return bool(self.get("index_checks"))
 
     @property
     def debug_dir(self) -> Path | None:

@@ -7,7 +7,12 @@ can share the cache), loads it with ctypes and returns one callable per kernel. 
 callable takes torch tensors in `kernel.buffer_arguments()` order, then Python ints in
 `kernel.size_arguments()` order, and passes each tensor's *storage* base pointer (the
 kernels index storage offsets). Before each call the OpenMP thread count follows
-`torch.get_num_threads()`.
+`torch.get_num_threads()`. A kernel that can find errors (an index outside its
+dimension, an integer division by zero: `KernelInfo.checks`) gets an error record
+too; when the kernel has set it, the call raises what eager would have raised
+(`IndexOutOfBounds`, or a RuntimeError saying ZeroDivisionError), naming the op, the
+graph node and the bad index: the kernel itself never reads or writes outside a
+buffer, nor traps.
 
 The compiler is `$CXX`, else the first of c++, g++, clang++ on PATH. Flags:
 `-O3 -fopenmp -shared -fPIC -std=c++17 -ffp-contract=fast -fno-math-errno` and
@@ -37,6 +42,7 @@ from typing import Any
 import torch
 
 from ember.codegen.cpp import CppSource, KernelInfo, render_kernels
+from ember.ir import IndexOutOfBounds, index_error_message
 from ember.scheduler import FusedKernel
 
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
@@ -112,6 +118,12 @@ class CppKernel:
         function.argtypes = [
             ctypes.c_void_p if a.kind == "buffer" else ctypes.c_int64 for a in info.arguments
         ]
+        # (check number + 1, value, size), zero until the kernel finds an error; one per
+        # launcher, reset when raised (concurrent calls of one kernel from several
+        # threads could mix up their reports, never miss one)
+        self.record = (ctypes.c_int64 * 3)() if info.checks else None
+        if self.record is not None:
+            function.argtypes.append(ctypes.c_void_p)
         self.function = function
 
     def __call__(self, *args: Any) -> None:
@@ -122,7 +134,22 @@ class CppKernel:
             )
         self.unit.sync_threads()
         pointers = [t.untyped_storage().data_ptr() for t in args[: self.buffers]]
-        self.function(*pointers, *(int(s) for s in args[self.buffers :]))
+        if self.record is None:
+            self.function(*pointers, *(int(s) for s in args[self.buffers :]))
+            return
+        self.function(*pointers, *(int(s) for s in args[self.buffers :]), self.record)
+        if self.record[0]:
+            self._raise()
+
+    def _raise(self) -> None:
+        assert self.record is not None
+        number, value, size = self.record[0] - 1, self.record[1], self.record[2]
+        self.record[0] = self.record[1] = self.record[2] = 0
+        check = self.info.checks[number]
+        if check.kind == "division":
+            raise RuntimeError(f"ZeroDivisionError: integer division by zero in {check.what}")
+        message = index_error_message(f"{check.what}, kernel {self.name}", check.dim, value, size)
+        raise IndexOutOfBounds(message, index=value, size=size)
 
     def __repr__(self) -> str:
         return f"CppKernel({self.name}, {self.unit.path.name})"

@@ -15,6 +15,13 @@ that read what they write (or whose tensors alias) are timed on copies.
 
 Under `TRITON_INTERPRET=1` (CPU tensors) the kernels run in Triton's interpreter, with
 libdevice calls served by torch (the interpreter has no libdevice) and no tuning.
+
+Kernels with index checks launch and compile with their `launch_options` (Triton's
+`debug`, which compiles `tl.device_assert` in): on a GPU a bad index stops the kernel
+with CUDA's device-side assert, as eager's indexing kernels do. Triton's interpreter
+takes no per-launch options, so such launches run with its debug option switched on
+for their duration, and a failed check becomes `IndexOutOfBounds` naming the op, the
+graph node and the dimension (the device gives no index value back).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import torch
 import triton
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
+from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime import compile_pool
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
@@ -230,6 +238,7 @@ def _warm_up(launcher: TritonLauncher, launch_config: LaunchConfig, device: torc
         launch_config.num_warps,
         launch_config.num_stages,
         device.index or 0,
+        dict(kernel.launch_options),
     )
 
 
@@ -323,12 +332,41 @@ class TritonLauncher:
         )
 
     def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
+        options = dict(self.kernel.launch_options)
+        if options and interpreting():
+            return self._interpret(config, operands, sizes)
         return self.fn[self.grid(config, sizes)](
             *operands,
             **dict(config.blocks),
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            **options,
         )
+
+    def _interpret(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
+        """Run a kernel with index checks in Triton's interpreter, its asserts on."""
+        with _interpreter_debug():
+            try:
+                return self.fn[self.grid(config, sizes)](
+                    *operands,
+                    **dict(config.blocks),
+                    num_warps=config.num_warps,
+                    num_stages=config.num_stages,
+                )
+            except Exception as exc:
+                raise self._index_error(exc) from exc
+
+    def _index_error(self, exc: Exception) -> Exception:
+        """`IndexOutOfBounds` for a failed index check (its message begins with the
+        check's number), `exc` itself for anything else."""
+        marker = "ember index check "
+        text = str(exc)
+        if marker not in text:
+            return exc
+        number = int(text.split(marker, 1)[1].split(":", 1)[0])
+        what, dim = self.kernel.index_checks[number]
+        message = index_error_message(f"{what}, kernel {self.kernel.name}", dim, None, None)
+        return IndexOutOfBounds(message)
 
     def _tune(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> LaunchConfig:
         configs = self.kernel.configs
@@ -425,6 +463,32 @@ class _DirectLaunch:
             *pointers, *self.sizes, *self.blocks,
         )  # fmt: skip
         return True
+
+
+@contextlib.contextmanager
+def _interpreter_debug() -> Any:
+    """Triton's interpreter with its `debug` option on (so `tl.device_assert` checks)
+    and overflow sanitizing off, as `CHECKED_OPTIONS` ask of a compiled kernel. The
+    interpreter reads one module-level options object and no launch keywords (Triton
+    3.6 and 3.9); where that object is missing, asserts stay off, as before."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if builder is None or not dataclasses.is_dataclass(options):
+        yield
+        return
+    with _interpreter_lock:
+        builder.options = dataclasses.replace(options, debug=True, sanitize_overflow=False)  # type: ignore[type-var]  # Triton's dataclass
+        try:
+            yield
+        finally:
+            builder.options = options
+
+
+_interpreter_lock = threading.Lock()
 
 
 def _stream(device: int) -> int:

@@ -7,6 +7,17 @@ with the index printed by ember.codegen.cpp.indexing; half types convert through
 masked loads read memory only where the mask holds; indirect loads rename `ind<k>` to
 the temporary of their k-th indirect value. Loads of a kernel-local reduction read the
 C++ value the loop emitter registered for it (`KernelContext.local_values`).
+
+Errors found while a kernel runs (an index out of its dimension, an integer division
+by zero) cannot throw through C: each is one of the kernel's `KernelCheck`s, and the
+code that finds it records its number, the bad value and the size in the kernel's
+error record (`ember_error`, a parameter of kernels that have checks), which the
+runtime reads after the kernel returns. Meanwhile the kernel goes on with a harmless
+value: index 0 (a load or store guarded by `size > 0` where the size may be 0), a
+divisor of 1, so it never faults. Inside an `omp simd` loop (`Emitter.simd_loop`) an
+index check is branch-free, so the loop still vectorises: each lane takes the index
+or 0, the loop keeps the smallest and largest index seen (min/max reductions), and
+one test after the loop records the error.
 """
 
 from __future__ import annotations
@@ -31,9 +42,25 @@ from ember.codegen.cpp.dtypes import (
 from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.indexing import IndexPrintError, print_index
 from ember.codegen.cpp.ops_table import render_op
-from ember.ir import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.symbolic import indirect_var
 from ember.scheduler import FusedKernel
+
+ERROR_RECORD = "ember_error"  # the kernel parameter: int64_t[3], check + 1, value, size
+# Integer ops that divide by their second argument (a zero divisor traps on x86).
+DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    """One error a kernel can find, numbered by its place in `KernelInfo.checks`.
+
+    `kind` is 'index' (an index outside dimension `dim` of `what`, the op and graph
+    node) or 'division' (an integer division by zero in `what`)."""
+
+    kind: str
+    what: str
+    dim: int = -1
 
 
 @dataclass
@@ -49,6 +76,13 @@ class KernelContext:
     # C++ element, in the load's storage type
     load_overrides: dict[Load, str] = field(default_factory=dict)
     counter: Iterator[int] = field(default_factory=itertools.count)
+    checks: list[KernelCheck] = field(default_factory=list)
+
+    def check(self, check: KernelCheck) -> int:
+        """The number of `check` in this kernel's error record (one per distinct check)."""
+        if check not in self.checks:
+            self.checks.append(check)
+        return self.checks.index(check)
 
     def error(self, what: str) -> CppRenderError:
         return CppRenderError(what, self.kernel.name, self.member)
@@ -63,6 +97,18 @@ class KernelContext:
             raise self.error(str(exc)) from exc
 
 
+@dataclass(frozen=True)
+class SimdCheck:
+    """An index check inside a simd loop: the loop's min/max reduction variables, and
+    what to test against after it."""
+
+    number: int
+    low: str  # C++ of the smallest valid index (loop-invariant)
+    size: str
+    smallest: str
+    largest: str
+
+
 class Emitter:
     """C++ lines at a current indentation, with nested scopes of memoised temporaries."""
 
@@ -71,6 +117,7 @@ class Emitter:
         self.lines: list[str] = []
         self.depth = depth
         self.scopes: list[dict[Node, str]] = [{}]
+        self.simd_checks: list[SimdCheck] | None = None  # inside a simd loop
 
     def line(self, text: str) -> None:
         self.lines.append("  " * self.depth + text if text else "")
@@ -90,6 +137,35 @@ class Emitter:
             self.scopes.pop()
             self.depth -= 1
             self.line(close)
+
+    @contextmanager
+    def simd_loop(self, header: str) -> Iterator[None]:
+        """`#pragma omp simd` and the loop `header`, with the reductions and the
+        after-loop test of the index checks emitted inside (see the module docstring)."""
+        at = len(self.lines)
+        self.line("#pragma omp simd")
+        outer, self.simd_checks = self.simd_checks, []
+        try:
+            with self.block(header):
+                yield
+            found = self.simd_checks
+        finally:
+            self.simd_checks = outer
+        if not found:
+            return
+        indent = "  " * self.depth
+        smallest = ", ".join(c.smallest for c in found)
+        largest = ", ".join(c.largest for c in found)
+        self.lines[at] += f" reduction(min:{smallest}) reduction(max:{largest})"
+        self.lines[at:at] = [
+            f"{indent}int64_t {c.smallest} = INT64_MAX, {c.largest} = INT64_MIN;" for c in found
+        ]
+        for c in found:
+            self.line(
+                f"if ({c.smallest} < {c.low} || {c.largest} >= {c.size}) ember::fail("
+                f"{ERROR_RECORD}, {c.number}, {c.largest} >= {c.size} ? {c.largest} : "
+                f"{c.smallest}, {c.size});"
+            )
 
     def fresh(self) -> str:
         return f"t{next(self.ctx.counter)}"
@@ -127,6 +203,11 @@ class Emitter:
             return self._load(node)
         if isinstance(node, Op):
             args = [self._known(a) or "" for a in node.args]
+            if node.name in DIVISIONS and _may_be_zero(node.args[1]):
+                check = ctx.check(
+                    KernelCheck("division", f"{node.name} of kernel {ctx.kernel.name}")
+                )
+                args[1] = f"ember::divisor({args[1]}, {ERROR_RECORD}, {check})"
             expression = render_op(node.name, args, ctx.kernel.name, ctx.member)
             return self._define(node.dtype, round_to(node.dtype, expression))
         if isinstance(node, Cast):
@@ -136,7 +217,43 @@ class Emitter:
             return self._define(node.dtype, f"{c} ? {a} : {b}")
         if isinstance(node, Rand):
             return self._rand(node)
+        if isinstance(node, CheckIndex):
+            return self._check_index(node)
         raise ctx.error(f"body node {type(node).__name__}")
+
+    def _check_index(self, node: CheckIndex) -> str:
+        index, size, low = self._known(node.index), self._known(node.size), self.value(node.low)
+        number = self.ctx.check(KernelCheck("index", node.describe(), node.dim))
+        mask = self._known(node.mask) if node.mask is not None else None
+        if self.simd_checks is not None and isinstance(node.size, IndexExpr):
+            # branch-free: a call on the error path would keep the loop scalar
+            smallest, largest = f"{self.fresh()}_lo", f"{self.fresh()}_hi"
+            size_text = self.ctx.index(node.size.expr)
+            low_text = "0" if not node.wraps else f"-({size_text})"
+            self.simd_checks.append(SimdCheck(number, low_text, size_text, smallest, largest))
+            seen = index if mask is None else f"{mask} ? {index} : {low}"
+            self.line(f"{smallest} = std::min<int64_t>({smallest}, {seen});")
+            self.line(f"{largest} = std::max<int64_t>({largest}, {seen});")
+            return self._define(
+                torch.int64, f"({index} >= {low} && {index} < {size}) ? {index} : 0"
+            )
+        checked = f"ember::checked_index({index}, {low}, {size}, {ERROR_RECORD}, {number})"
+        if mask is not None:
+            checked = f"{mask} ? {checked} : {index}"
+        return self._define(torch.int64, checked)
+
+    def size_guards(self, roots: tuple[Node, ...]) -> list[str]:
+        """Conditions `size > 0` for the checked dimensions under `roots` (indirect
+        values) whose size may be 0: there, even the index a failed check leaves (0)
+        is outside, so the access itself must be skipped."""
+        guards = []
+        for root in roots:
+            for node in walk(root):
+                if isinstance(node, CheckIndex) and not _positive(node.size):
+                    guard = f"{self.value(node.size)} > 0"
+                    if guard not in guards:
+                        guards.append(guard)
+        return guards
 
     def _cast(self, node: Cast) -> str:
         source = self._known(node.x)
@@ -176,6 +293,7 @@ class Emitter:
             and dtype in HALF_TYPES
             and body.mask is None
             and body.buffer not in self.ctx.local_values
+            and not self.size_guards(body.indirect)
         ):
             return self._element(body)
         return store_value(dtype, self.value(body))
@@ -186,7 +304,7 @@ class Emitter:
         if node in ctx.load_overrides:
             return ctx.load_overrides[node]
         names = {
-            indirect_var(k): f"static_cast<int64_t>({self._known(n)})"
+            indirect_var(k): f"static_cast<int64_t>({self.value(n)})"
             for k, n in enumerate(node.indirect)
         }
         index = ctx.index(node.index, names)
@@ -208,7 +326,26 @@ class Emitter:
             member, which = ctx.kernel.local_value(node)
             return self._define(node.dtype, ctx.local_values[member.name][which])
         element = load_value(node.dtype, self._element(node))
+        conditions = self.size_guards(node.indirect)
         if node.mask is not None:
+            conditions.insert(0, self._known(node.mask) or "")
+        if conditions:
             other = literal(node.other, node.dtype, ctx.kernel.name)
-            element = f"{self._known(node.mask)} ? {element} : {other}"
+            element = f"{' && '.join(conditions)} ? {element} : {other}"
         return self._define(node.dtype, element)
+
+
+def _positive(size: Node) -> bool:
+    """Whether a checked dimension's size is known to be at least 1."""
+    if not isinstance(size, IndexExpr):
+        return False
+    expr = sympy.sympify(size.expr)
+    return bool(expr.is_Integer and int(expr) > 0)
+
+
+def _may_be_zero(divisor: Node) -> bool:
+    """Whether an integer divisor needs a zero check (constants other than 0 do not;
+    floating-point division by zero gives inf or NaN, as in torch)."""
+    if divisor.dtype.is_floating_point or divisor.dtype == torch.bool:
+        return False
+    return not (isinstance(divisor, Const) and divisor.value != 0)

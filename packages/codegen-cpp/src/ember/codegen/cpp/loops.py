@@ -20,6 +20,7 @@ import torch
 
 from ember.codegen.cpp.dtypes import HALF_TYPES, load_value, store_value
 from ember.codegen.cpp.emitter import Emitter
+from ember.ir import CheckIndex, IndexExpr, Load, Node, Rand, walk
 from ember.ir.symbolic import indirect_var, product, static_int
 from ember.scheduler import KernelMember
 
@@ -94,13 +95,41 @@ def emit_pointwise(e: Emitter) -> None:
         if blocked:
             with e.block(f"for (int64_t ib = 0; ib < {bounds[-1]}; ib += {BLOCK})"):
                 e.line(f"const int64_t ie = std::min<int64_t>(ib + {BLOCK}, {bounds[-1]});")
-                e.line("#pragma omp simd")
-                with e.block(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
+                hoist_checks(e, inner)
+                with e.simd_loop(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
                     _pointwise_body(e)
         else:
-            e.line("#pragma omp simd")
-            with e.block(f"for (int64_t {inner} = 0; {inner} < {bounds[-1]}; ++{inner})"):
+            hoist_checks(e, inner)
+            with e.simd_loop(f"for (int64_t {inner} = 0; {inner} < {bounds[-1]}; ++{inner})"):
                 _pointwise_body(e)
+
+
+def hoist_checks(e: Emitter, inner: str) -> None:
+    """Emit, before the innermost loop, the index checks (and the index loads they
+    check) that do not depend on its variable: an embedding's row check then runs once
+    per row, and the loop over the row stays a branch-free simd loop of contiguous
+    loads. Checks that vary along it stay inside (a gather along the last dimension)."""
+    for member in e.ctx.kernel.members:
+        e.ctx.member = member.name
+        for root in (member.body, *member.indirect):
+            for node in walk(root):
+                if isinstance(node, CheckIndex) and not _uses(node, inner):
+                    e.value(node)
+    e.ctx.member = None
+
+
+def _uses(root: Node, variable: str) -> bool:
+    """Whether `root`'s value depends on the loop variable named `variable`."""
+    for node in walk(root):
+        if isinstance(node, Load):
+            expr = node.index
+        elif isinstance(node, (IndexExpr, Rand)):
+            expr = node.expr if isinstance(node, IndexExpr) else node.index
+        else:
+            continue
+        if any(s.name == variable for s in sympy.sympify(expr).free_symbols):
+            return True
+    return False
 
 
 def _pointwise_body(e: Emitter) -> None:
@@ -131,6 +160,9 @@ def emit_scatter(e: Emitter) -> None:
         e.raw("#ifdef EMBER_DEBUG_BOUNDS")
         e.line(f'ember::check_index("{kernel.name}", "{member.mutates}", at, -1);')
         e.raw("#endif")
+        guards = e.size_guards(member.indirect)
+        if guards:  # a checked dimension of size 0: no index is inside, store nothing
+            e.line(f"if (!({' && '.join(guards)})) continue;")
         assert member.mutates is not None
         element = f"{e.pointer(member.mutates, dtype)}[at]"
         old = load_value(dtype, element)

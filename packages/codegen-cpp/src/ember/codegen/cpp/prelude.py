@@ -4,7 +4,9 @@ helpers behind the ops table whose torch semantics need more than one C++ expres
 
 Kept in one string so a TU is self-contained (no include paths, nothing to install)
 and compiles in about a second: no ATen headers, no templates heavier than a few lines.
-`EMBER_DEBUG_BOUNDS` turns on bounds checks of indirect loads and scatters.
+`EMBER_DEBUG_BOUNDS` turns on bounds checks of indirect loads and scatters against
+the whole storage (a debugging aid; the index checks against each dimension, which
+are always there unless lowering left them out, are `checked_index` and `fail`).
 """
 
 from __future__ import annotations
@@ -397,8 +399,52 @@ template <class T> inline T bitwise_not(T x) {
   if constexpr (std::is_same_v<T, bool>) return !x; else return T(~x);
 }
 template <class T> inline T relu(T x) { return x < T(0) ? T(0) : x; }
+// An error a kernel found (check numbers: KernelInfo.checks): the first one is kept in
+// the kernel's error record, which the runtime turns into an exception after the
+// kernel returns. Cold and out of line: a kernel only pays for the test.
+[[gnu::cold, gnu::noinline]] inline void fail(int64_t* record, int64_t check, int64_t value,
+                                              int64_t size) {
+#pragma omp critical(ember_error)
+  if (record[0] == 0) {
+    record[0] = check + 1;
+    record[1] = value;
+    record[2] = size;
+  }
+}
+// `index` where it lies in [low, size); else the error, and 0 so the kernel reads and
+// writes nothing outside (the caller guards dimensions that may be empty).
+inline int64_t checked_index(int64_t index, int64_t low, int64_t size, int64_t* record,
+                             int64_t check) {
+  if (__builtin_expect(index < low || index >= size, 0)) {
+    fail(record, check, index, size);
+    return 0;
+  }
+  return index;
+}
+// An integer divisor: a zero one is an error (x86 traps on it), divided by 1 meanwhile.
+template <class T> inline T divisor(T b, int64_t* record, int64_t check) {
+  if (__builtin_expect(b == T(0), 0)) {
+    fail(record, check, 0, 0);
+    return T(1);
+  }
+  return b;
+}
+// The quotient of a / -1 (-a, wrapping for the most negative value, where x86's idiv
+// would trap): what eager's floor division gives on the CPU.
+template <class T> inline bool negates(T b) {
+  if constexpr (std::is_signed_v<T>) return b == T(-1); else return false;
+}
+template <class T> inline T negated(T a) {
+  if constexpr (std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return T(U(0) - U(a));
+  } else {
+    return a;  // never called: unsigned divisors are never -1
+  }
+}
 template <class T> inline T floordiv(T a, T b) {
   if constexpr (std::is_integral_v<T>) {
+    if (negates(b)) return negated(a);
     T q = T(a / b), r = T(a % b);
     return (r != 0 && ((r < 0) != (b < 0))) ? T(q - 1) : q;
   } else {
@@ -412,10 +458,12 @@ template <class T> inline T floordiv(T a, T b) {
   }
 }
 template <class T> inline T truncdiv(T a, T b) {
-  if constexpr (std::is_integral_v<T>) return T(a / b); else return std::trunc(a / b);
+  if constexpr (std::is_integral_v<T>) return negates(b) ? negated(a) : T(a / b);
+  else return std::trunc(a / b);
 }
 template <class T> inline T remainder(T a, T b) {
   if constexpr (std::is_integral_v<T>) {
+    if (negates(b)) return T(0);
     T r = T(a % b);
     return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
   } else {
@@ -424,7 +472,8 @@ template <class T> inline T remainder(T a, T b) {
   }
 }
 template <class T> inline T fmod(T a, T b) {
-  if constexpr (std::is_integral_v<T>) return T(a % b); else return std::fmod(a, b);
+  if constexpr (std::is_integral_v<T>) return negates(b) ? T(0) : T(a % b);
+  else return std::fmod(a, b);
 }
 template <class T> inline T pow(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {

@@ -310,14 +310,12 @@ class ReductionEmitter:
             with e.block("for (int64_t rb = " + lo + "; rb < rm; rb += ember::kLanes)"):
                 if uniform:
                     e.line("const double ember_w = 1.0 / double(++ember_chunks);")
-                e.line("#pragma omp simd")
-                with e.block("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+                with e.simd_loop("for (int64_t l = 0; l < ember::kLanes; ++l)"):
                     e.line(f"const int64_t r{last} = rb + l;")
                     self._evaluate(members, rules, "l", uniform)
             with e.block(f"if (rm < {hi})"):
                 e.line(f"const int64_t rb = rm, rn = {hi} - rm;")
-                e.line("#pragma omp simd")
-                with e.block("for (int64_t l = 0; l < rn; ++l)"):
+                with e.simd_loop("for (int64_t l = 0; l < rn; ++l)"):
                     e.line(f"const int64_t r{last} = rb + l;")
                     self._evaluate(members, rules, "l")
         if fields:
@@ -330,8 +328,7 @@ class ReductionEmitter:
         few hundred elements (softmax over 128: 40% of the kernel)."""
         width = LANES // 2
         while width > 1:
-            self.e.line("#pragma omp simd")
-            with self.e.block(f"for (int64_t l = 0; l < {width}; ++l)"):
+            with self.e.simd_loop(f"for (int64_t l = 0; l < {width}; ++l)"):
                 self._combine(rules, "l", "[l]", "l", f"[l + {width}]")
             width //= 2
         self._combine(rules, "l", "[0]", "l", "[1]")
@@ -343,11 +340,10 @@ class ReductionEmitter:
         with (
             e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)"),
             nested_loops(e, [f"r{d}" for d in range(1, self.m)], [size(e, r) for r in ranges[1:]]),
+            e.simd_loop("for (int64_t l = 0; l < ln; ++l)"),
         ):
-            e.line("#pragma omp simd")
-            with e.block("for (int64_t l = 0; l < ln; ++l)"):
-                e.line(f"const int64_t i{self.n - 1} = ib + l;")
-                self._evaluate(members, rules, "s")
+            e.line(f"const int64_t i{self.n - 1} = ib + l;")
+            self._evaluate(members, rules, "s")
 
     def _combine(self, rules: Rules, a: str, a_at: str, b: str, b_at: str) -> None:
         for member, rule, ctype in rules:
@@ -396,8 +392,7 @@ class ReductionEmitter:
         if not stored:
             return
         if self.column:
-            e.line("#pragma omp simd")
-            with e.block("for (int64_t l = 0; l < ln; ++l)"):
+            with e.simd_loop("for (int64_t l = 0; l < ln; ++l)"):
                 e.line(f"const int64_t i{self.n - 1} = ib + l;")
                 self._store_results(stored)
         else:
@@ -419,8 +414,7 @@ class ReductionEmitter:
             return
         e.line("// pointwise members over the outer points")
         if self.column:
-            e.line("#pragma omp simd")
-            with e.block("for (int64_t l = 0; l < ln; ++l)"):
+            with e.simd_loop("for (int64_t l = 0; l < ln; ++l)"):
                 e.line(f"const int64_t i{self.n - 1} = ib + l;")
                 self._outer_bodies(outer)
         else:

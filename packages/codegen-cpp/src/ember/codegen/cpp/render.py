@@ -4,7 +4,10 @@
 function per kernel) and, per kernel, the argument list the runtime passes: one
 pointer per buffer of `kernel.buffer_arguments()` (the start of the buffer's storage;
 index expressions are storage offsets), then one `int64_t` per size symbol of
-`kernel.size_arguments()`. Rendering is pure text: nothing is compiled here.
+`kernel.size_arguments()`, then, for a kernel with `checks`, its error record: an
+`int64_t[3]` the runtime zeroes, which the kernel sets to (check number + 1, bad
+value, size) when it finds an error (see ember.codegen.cpp.emitter). Rendering is
+pure text: nothing is compiled here.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.codegen.cpp.dtypes import storage_type
-from ember.codegen.cpp.emitter import Emitter, KernelContext
+from ember.codegen.cpp.emitter import ERROR_RECORD, Emitter, KernelCheck, KernelContext
 from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
 from ember.codegen.cpp.prelude import PRELUDE
@@ -44,6 +47,9 @@ class KernelInfo:
 
     name: str
     arguments: tuple[KernelArgument, ...]
+    # errors the kernel can find, by number; when there are any, the kernel takes an
+    # error record after its arguments
+    checks: tuple[KernelCheck, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,13 +98,16 @@ def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
         emit_transposed(e, d)
     else:
         emit_pointwise(e)
-    params = ", ".join(
+    params = [
         f"{a.ctype} {pointers[a.name]}" if a.kind == "buffer" else f"int64_t {a.name}"
         for a in arguments
-    )
+    ]
+    if ctx.checks:
+        params.append(f"int64_t* __restrict__ {ERROR_RECORD}")
     header = f"// {kernel.name}: {_summary(kernel)}\n"
-    text = header + f'extern "C" void {kernel.name}({params}) {{\n' + "\n".join(e.lines) + "\n}\n"
-    return text, KernelInfo(kernel.name, arguments)
+    signature = f'extern "C" void {kernel.name}({", ".join(params)}) {{\n'
+    text = header + signature + "\n".join(e.lines) + "\n}\n"
+    return text, KernelInfo(kernel.name, arguments, tuple(ctx.checks))
 
 
 def kernel_arguments(kernel: FusedKernel) -> tuple[KernelArgument, ...]:

@@ -20,7 +20,13 @@ import sympy
 
 from ember.codegen.cpp.dtypes import storage_type
 from ember.codegen.cpp.emitter import Emitter
-from ember.codegen.cpp.loops import nested_loops, parallel_clause, size, store_member
+from ember.codegen.cpp.loops import (
+    hoist_checks,
+    nested_loops,
+    parallel_clause,
+    size,
+    store_member,
+)
 from ember.ir import Load, walk
 from ember.ir.symbolic import index_var, product, static_int
 from ember.scheduler import FusedKernel
@@ -126,8 +132,8 @@ def _partial_tile(e: Emitter, d: int) -> None:
     e.line(f"const int64_t je = std::min<int64_t>(jb + {ROWS}, {bounds[d]});")
     e.line(f"const int64_t ie = std::min<int64_t>(ib + {COLS}, {bounds[-1]});")
     with e.block(f"for (int64_t i{d} = jb; i{d} < je; ++i{d})"):
-        e.line("#pragma omp simd")
-        with e.block(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
+        hoist_checks(e, inner)
+        with e.simd_loop(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
             for member in e.ctx.kernel.members:
                 e.ctx.member = member.name
                 store_member(e, member)
@@ -156,8 +162,7 @@ def _full_tile(e: Emitter, d: int, loads: list[Load]) -> None:
         e.line(f"alignas(64) {storage_type(member.dtype)} row{k}[{ROWS * COLS}];")
     with e.block(f"for (int64_t a = 0; a < {ROWS}; ++a)"):
         e.line(f"const int64_t i{d} = jb + a;")
-        e.line("#pragma omp simd")
-        with e.block(f"for (int64_t b = 0; b < {COLS}; ++b)"):
+        with e.simd_loop(f"for (int64_t b = 0; b < {COLS}; ++b)"):
             e.line(f"const int64_t i{count - 1} = ib + b;")
             e.ctx.load_overrides = overrides
             for k, member in enumerate(kernel.members):

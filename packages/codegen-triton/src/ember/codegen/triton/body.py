@@ -13,6 +13,13 @@ per-op rounding), and stores convert back.
 Masks: a load is masked by the masks of the block axes its value depends on (ragged
 edges) and-ed with its own IR mask (padding, cat); masked lanes read `other`. Lanes
 outside the kernel's range compute garbage that is never stored or reduced.
+
+Index checks (`CheckIndex`) become `tl.device_assert`s, as eager's CUDA indexing
+kernels assert: on a GPU a failed one stops the kernel before it reads or writes
+outside the buffer and surfaces as CUDA's "device-side assert triggered". Triton
+compiles asserts only with its `debug` option, so a kernel with checks asks for it
+(`TritonKernel.launch_options`). The message names the op and the dimension, not the
+graph node: twelve identical layers keep one source and one compile.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from ember.codegen.triton.printer import (
     sanitize,
     storage_type,
 )
-from ember.ir.expr import Cast, Const, IndexExpr, Load, Node, Op, Rand, Where
+from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where
 from ember.ir.symbolic import indirect_var
 from ember.scheduler import FusedKernel
 
@@ -88,6 +95,7 @@ class BodyRenderer:
         self.local: dict[tuple[str, int], Value] = {}
         self.helpers: set[str] = set()
         self.bounds_checked: list[str] = []  # buffers whose storage size is an argument
+        self.index_checks: list[CheckIndex] = []  # in the order of their asserts
         self._count = 0
         self._axis_of = {v: a.name for a in plan.axes for v in a.variables}
         self._axes_memo: dict[int, frozenset[str]] = {}
@@ -168,6 +176,8 @@ class BodyRenderer:
             return self._assign(scope, f"tl.where({cond.name}, {a.name}, {b.name})", node.dtype)
         if isinstance(node, Rand):
             return self._rand(node, scope)
+        if isinstance(node, CheckIndex):
+            return self._check_index(node, scope)
         raise UnsupportedKernelError(
             f"kernel {self.kernel.name}: no Triton rendering for {type(node).__name__}"
         )
@@ -254,6 +264,26 @@ class BodyRenderer:
             inside = f"({inside}) | ~({mask})"
         message = f"kernel {self.kernel.name}: index out of bounds of {buffer}"
         scope.emit(f'tl.device_assert({inside}, "{message}")')
+
+    def _check_index(self, node: CheckIndex, scope: Scope) -> Value:
+        """The index, after asserting it lies in its dimension wherever the block's
+        axes (and the check's own mask) hold."""
+        index = self.render(node.index, scope)
+        size = self.render(node.size, scope)
+        low = self.render(node.low, scope)
+        inside = f"(({index.name} >= {low.name}) & ({index.name} < {size.name}))"
+        conditions = [m for m in (self.mask(self.axes(node)),) if m]
+        if node.mask is not None:
+            conditions.append(self.render(node.mask, scope).name)
+        if conditions:
+            inside = f"{inside} | ~({' & '.join(conditions)})"
+        number = len(self.index_checks)
+        self.index_checks.append(node)
+        message = (
+            f"ember index check {number}: index out of bounds for dimension {node.dim} of {node.op}"
+        )
+        scope.emit(f'tl.device_assert({inside}, "{message}")')
+        return index
 
     def _rand(self, node: Rand, scope: Scope) -> Value:
         helper = {"uniform": "ember_rand_uniform", "normal": "ember_rand_normal"}.get(

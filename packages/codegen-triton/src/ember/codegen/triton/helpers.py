@@ -13,19 +13,42 @@ the last bits of log1p and cos, which no two math libraries share).
 from __future__ import annotations
 
 HELPERS: dict[str, str] = {
+    "ember_truncdiv": """
+@triton.jit
+def ember_truncdiv(a, b):
+    # Integer division rounding towards zero, defined for every divisor: LLVM leaves a
+    # zero divisor and MIN // -1 undefined. Eager CUDA does not raise on either: a zero
+    # divisor gives all bits set (-1; 8- to 32-bit types bit for bit; int64 gives
+    # 4294967295 there, which is not matched) and MIN // -1 gives MIN.
+    zero = b == 0
+    minus_one = b == -1
+    safe = tl.where(zero | minus_one, 1, b)
+    quotient = tl.where(minus_one, 0 - a, a // safe)
+    return tl.where(zero, quotient | ~quotient, quotient)
+""",
+    "ember_fmod": """
+@triton.jit
+def ember_fmod(a, b):
+    # The remainder of ember_truncdiv (sign of the dividend): -1 for a zero divisor
+    # and 0 for a divisor of -1, as eager CUDA gives.
+    zero = b == 0
+    safe = tl.where(zero | (b == -1), 1, b)
+    r = a % safe
+    return tl.where(zero, r | ~r, r)
+""",
     "ember_floordiv": """
 @triton.jit
 def ember_floordiv(a, b):
     # Python // on integers: Triton's // truncates towards zero
-    quotient = a // b
-    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
+    quotient = ember_truncdiv(a, b)
+    fix = (ember_fmod(a, b) != 0) & ((a < 0) != (b < 0))
     return quotient - fix.to(quotient.dtype)
 """,
     "ember_remainder": """
 @triton.jit
 def ember_remainder(a, b):
     # Python % on integers: the result takes the divisor's sign
-    r = a % b
+    r = ember_fmod(a, b)
     fix = (r != 0) & ((r < 0) != (b < 0))
     return r + tl.where(fix, b, 0)
 """,
@@ -122,6 +145,8 @@ def ember_welford_combine(mean_a, m2_a, count_a, mean_b, m2_b, count_b):
 
 # helper -> the helpers it calls
 _CALLS: dict[str, tuple[str, ...]] = {
+    "ember_floordiv": ("ember_truncdiv", "ember_fmod"),
+    "ember_remainder": ("ember_fmod",),
     "ember_random_bits": ("ember_mix32",),
     "ember_rand_uniform": ("ember_random_bits",),
     "ember_rand_normal": ("ember_rand_uniform",),

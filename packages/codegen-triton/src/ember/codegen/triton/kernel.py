@@ -35,6 +35,9 @@ from ember.codegen.triton.regroup import split_divided_variables
 from ember.codegen.triton.skeleton import decorator, parameters, setup_axes
 from ember.scheduler import FusedKernel
 
+# Triton compile options of kernels with index checks (see TritonKernel).
+CHECKED_OPTIONS: tuple[tuple[str, bool], ...] = (("debug", True), ("sanitize_overflow", False))
+
 
 @dataclass(frozen=True)
 class TritonKernel:
@@ -44,7 +47,11 @@ class TritonKernel:
     num_warps=..., num_stages=...)` where `fn` is `function_name` in the module made
     from `source`, buffers follow `buffer_arguments` (storage base pointers), sizes follow
     `size_arguments`, and `bounds_arguments` (debug mode) are the storage sizes, in
-    elements, of those buffers.
+    elements, of those buffers. `launch_options` go with every launch and compile of
+    it: a kernel with index checks (`index_checks`: what each `tl.device_assert`
+    checks, by the number its message starts with) needs Triton's `debug` for its
+    asserts to be compiled in, without `sanitize_overflow`, which would also assert on
+    32-bit integer arithmetic that wraps on purpose (and wraps in eager).
     """
 
     name: str
@@ -60,6 +67,8 @@ class TritonKernel:
     grid: GridSpec
     configs: tuple[LaunchConfig, ...]
     index_type: str
+    index_checks: tuple[tuple[str, int], ...] = ()  # (op and graph node, dimension)
+    launch_options: tuple[tuple[str, bool], ...] = ()
 
     @property
     def idempotent(self) -> bool:
@@ -135,6 +144,8 @@ def render_kernel(
         grid=plan.grid,
         configs=candidate_configs(kernel, plan),
         index_type=plan.index_type,
+        index_checks=tuple((c.describe(), c.dim) for c in body.index_checks),
+        launch_options=CHECKED_OPTIONS if body.index_checks else (),
     )
 
 
