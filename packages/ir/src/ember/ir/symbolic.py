@@ -76,6 +76,15 @@ def is_symbolic(value: Any) -> bool:
     )
 
 
+def known_true(condition: bool | torch.SymBool) -> bool:
+    """True when `condition` holds for every size the graph's ShapeEnv admits (its
+    symbols' ranges and the guards tracing recorded), checked without adding a guard:
+    a compiled graph must stay right for all the inputs its guards let through."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(condition))
+
+
 def evaluate(expr: sympy.Expr, bindings: Mapping[sympy.Symbol, int]) -> int | float | bool:
     """Evaluate a size expression with concrete symbol values."""
     if isinstance(expr, (int, float, bool)):
