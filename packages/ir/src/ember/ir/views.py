@@ -16,7 +16,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
 
 from ember.ir.expr import Load
 from ember.ir.layout import contiguous_strides
@@ -230,13 +230,14 @@ def slice_start(start: int | torch.SymInt | None, size: int | torch.SymInt) -> s
 
 
 def select_index(index: int | torch.SymInt, size: int | torch.SymInt) -> sympy.Expr:
-    """A select's index in [0, size): a negative index counts from the end. As for a
-    slice start, a symbolic index takes the sign the ShapeEnv proves or is declined."""
+    """A select's index in [0, size): a negative index counts from the end. A symbolic
+    index takes the sign the ShapeEnv proves; one of unknown sign (`x[:, i.item()]`)
+    is its Python modulo by the size, the same map on the valid range [-size, size)."""
     if known_true(index >= 0):
         return as_expr(index)
     if known_true(index < 0):
         return as_expr(index + size)
-    raise NotLowerable(f"select index {index} whose sign the shapes do not decide")
+    return PythonMod(as_expr(index), as_expr(size))
 
 
 @register_lowering(aten.select.int, aten.select_copy.int)
