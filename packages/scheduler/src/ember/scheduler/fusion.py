@@ -555,23 +555,24 @@ class Fuser:
 
 def symbol_definitions(program: Program) -> dict[sympy.Symbol, int]:
     """Each size symbol that no input carries (an unbacked one: a data-dependent size)
-    -> the position of the first node whose result has it in its layout or is it. The
-    wrapper binds such a symbol right after that step, so nothing that uses it may
-    run earlier."""
+    -> the position of the node that binds it: the first extern call or multi-output
+    pick whose result has it as a whole dimension size (the wrapper reads it from that
+    result's `size(d)`), or the call that returns it (`sym_size`, `item`). Nothing
+    that uses the symbol may run earlier."""
     from_inputs = program.size_symbols()
     defined: dict[sympy.Symbol, int] = {}
     for position, node in enumerate(program.nodes):
-        found: set[sympy.Symbol] = set()
+        found: list[sympy.Basic] = []
         if isinstance(node, ExternKernel):
             if node.symbol is not None:
-                found.add(node.symbol)
-            for layout in node.outputs:
-                if layout is not None:
-                    found |= layout.free_symbols
+                found.append(node.symbol)
+            if not node.multi and node.outputs and node.outputs[0] is not None:
+                found += node.outputs[0].size
         elif isinstance(node, MultiOutput) and node.layout is not None:
-            found |= node.layout.free_symbols
-        for symbol in found - from_inputs:
-            defined.setdefault(symbol, position)
+            found += node.layout.size
+        for symbol in found:
+            if isinstance(symbol, sympy.Symbol) and symbol not in from_inputs:
+                defined.setdefault(symbol, position)
     return defined
 
 
