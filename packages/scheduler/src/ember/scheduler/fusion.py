@@ -303,8 +303,8 @@ class Fuser:
         # Buffer name -> positions in `groups` of the groups computing or loading it:
         # the only groups where placing a reader of that buffer can score (`_may_save`).
         self._touching: dict[str, set[int]] = {}
-        # Data-dependent size symbol -> position of the step whose result first
-        # carries it (`nonzero`'s row count): the wrapper binds it there.
+        # Data-dependent size symbol (`nonzero`'s row count) -> position of the step
+        # after which the wrapper has bound it (`symbol_definitions`).
         self.defined_at: dict[sympy.Symbol, int] = {}
         self._symbols_of: tuple[ComputedBuffer, frozenset[sympy.Symbol]] | None = None
 
