@@ -540,3 +540,38 @@ def test_a_value_read_at_its_own_loop_variables_reuses_its_body() -> None:
     assert value.loader(loop_vars(2)) is body and len(calls) == 1
     other = value.loader((sympy.Integer(0), loop_vars(2)[1]))  # another index: built anew
     assert other is not body and len(calls) == 2
+
+
+def _tail_times_three(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    z = x.clone()
+    k = n.shape[0]
+    z[:, -k:] = z[:, -k:] * 3  # slice and slice_scatter from the end
+    return z
+
+
+def _from_start(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    z = x.clone()
+    k = n.shape[0]
+    z[:, k::2] = z[:, k::2].neg()  # a symbolic start with a step
+    return torch.cat([z, torch.narrow_copy(x, 1, k, 2)], 1)
+
+
+def _padded(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    return F.pad(x, (1, n.shape[0]), value=-1.0)
+
+
+@pytest.mark.parametrize(
+    "fn", [_tail_times_three, _from_start, _padded]
+)  # fmt: skip
+def test_views_and_scatters_take_symbolic_starts(fn: Any) -> None:
+    """Under dynamic shapes the start of a slice, of its slice_scatter and of a
+    narrow, and a pad's widths are SymInts (GPT-2's `hidden_states[:, -k:]` and its
+    backward): they were read with int(), an error. A symbolic start counts from the
+    end when the ShapeEnv proves it negative."""
+    program = lower(fn, torch.randn(3, 9), torch.empty(2), mode="symbolic")
+    assert program.size_symbols()
+    assert not program.extern_kernels()
+    for k in (2, 3, 5):
+        x, n = torch.randn(3, 9), torch.empty(k)
+        (out,) = run_program(program, [x, n])
+        torch.testing.assert_close(out, fn(x, n))

@@ -19,7 +19,15 @@ from ember.ir import (
     lower_graph,
     walk,
 )
-from ember.scheduler import Schedule, kernel_bytes, run_schedule, schedule_program, unfused_bytes
+from ember.scheduler import (
+    ExternCall,
+    KernelStep,
+    Schedule,
+    kernel_bytes,
+    run_schedule,
+    schedule_program,
+    unfused_bytes,
+)
 
 
 def test_softmax_is_one_kernel_reading_its_input_once(
@@ -371,3 +379,31 @@ def test_space_map_splits_a_partly_merged_loop_over_runs_of_kernel_dimensions() 
     assert got == ({i0: 3 * i0 + i1, i1: r0}, True)
     assert _space_map((S(5), S(4)), (S(2), S(3)), (S(4),), partial=True) is None  # no run: 5
     assert _space_map((S(24),), (S(2), S(3)), (S(4),)) == ({i0: 12 * i0 + 4 * i1 + r0}, True)
+
+
+def _masked_sum_plus_count(x: torch.Tensor) -> torch.Tensor:
+    return x[x > 0].sum() + x.nonzero().shape[0]
+
+
+def test_nothing_runs_before_the_step_that_binds_a_data_dependent_size() -> None:
+    """`nonzero`'s row count u1 is bound when nonzero returns. The pointwise sum that
+    adds u1 to the masked sum fused into the reduction's kernel, which runs before
+    nonzero: the wrapper read u1 before binding it (UnboundLocalError)."""
+    gm = make_fx(_masked_sum_plus_count, tracing_mode="symbolic")(torch.randn(8))
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    sched = schedule_program(program)
+    defined: dict[object, int] = {}
+    for position, step in enumerate(sched.steps):
+        if isinstance(step, ExternCall):
+            names = step.node.outputs[0].free_symbols if step.node.outputs[0] else set()
+            for symbol in {*names, *([step.node.symbol] if step.node.symbol else [])}:
+                defined.setdefault(symbol, position)
+    unbacked = set(defined) - program.size_symbols()
+    assert len(unbacked) == 2  # the mask's count and nonzero's
+    used = 0
+    for position, step in enumerate(sched.steps):
+        if isinstance(step, KernelStep):
+            symbols = set(step.kernel.size_arguments()) & unbacked
+            used += len(symbols)
+            assert all(defined[s] < position for s in symbols), (step.name, symbols)
+    assert used == 2

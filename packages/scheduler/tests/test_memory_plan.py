@@ -74,3 +74,34 @@ def test_no_in_place_write_over_a_value_a_later_member_reads() -> None:
             assert allocation.reuse not in reads, allocation
     kernels = [s for s in schedule.steps if isinstance(s, KernelStep)]
     assert any(len(k.kernel.members) == 2 for k in kernels)  # s and s + g share a kernel
+
+
+def _two_scatters(
+    i: torch.Tensor, j: torch.Tensor, g: torch.Tensor, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.zeros(4, 3).index_put((i,), g, accumulate=True)
+    b = torch.zeros(4, 3).index_put((j,), h, accumulate=True)
+    return a, b
+
+
+def test_storage_a_returned_scatter_writes_is_never_reused() -> None:
+    """An index_put into zeros stores into the zeros' buffer under a new name. GPT-2's
+    two embedding gradients have one shape when there are as many positions as
+    tokens: the first one's zeros died with its first name, and the second gradient's
+    zeros were allocated in that storage, overwriting a returned gradient."""
+    i, j = torch.tensor([0, 2, 2]), torch.tensor([1, 3, 1])
+    gm = make_fx(_two_scatters)(i, j, torch.randn(3, 3), torch.randn(3, 3))
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    schedule = schedule_program(program)
+    storage = {
+        m.name: m.mutates
+        for step in schedule.steps
+        if isinstance(step, KernelStep)
+        for m in step.kernel.members
+        if m.mutates is not None
+    }
+    returned = {storage.get(name, name) for name in program.output_names()}
+    assert len(returned) == 2 and not returned & program.output_names()  # both are scatters
+    reused = {a.reuse for allocations in schedule.memory.allocations for a in allocations}
+    freed = {n for frees in schedule.memory.frees_after for n in frees}
+    assert not returned & (reused | freed)

@@ -22,7 +22,7 @@ from ember.ir.expr import CheckIndex, IndexExpr, Load, Node, Where, map_dag
 from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, list_arg, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
-from ember.ir.views import norm_dim
+from ember.ir.views import dim_extent, norm_dim, select_index, size_expr, size_value, slice_start
 
 aten = torch.ops.aten
 
@@ -94,7 +94,7 @@ def lower_cat(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 @register_lowering(aten.constant_pad_nd.default)
 def lower_constant_pad(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
-    pad = [int(p) for p in list_arg(node.args[1])]
+    pad = [size_expr(lowering, p) for p in list_arg(node.args[1])]  # may be symbolic
     fill = node.args[2] if len(node.args) > 2 else 0
     size = lowering.out_size(node)
     fill_node = const(fill, source.dtype)  # type: ignore[arg-type]  # a number
@@ -129,23 +129,21 @@ def _scatter_view(
 
 @register_lowering(aten.slice_scatter.default)
 def lower_slice_scatter(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    """Each position of the slice takes the next element of `src`. The slice's end is
+    not needed: `src` has exactly the slice's length, so a position is inside when its
+    offset from the start is below len(src) * step (and a multiple of the step)."""
     base = lowering.tensor(node.args[0])
     a = lowering.args(node)
     dim = norm_dim(int(a["dim"]), base.ndim)
-    step = int(a["step"])
-    start = int(a["start"] or 0)
-    dim_size = base.size[dim]
-    if start < 0:
-        start_expr: sympy.Expr = dim_size + start
-    else:
-        start_expr = sympy.Integer(start)
+    step = size_expr(lowering, a["step"])
+    start_expr = slice_start(size_value(a["start"]), dim_extent(node.args[0], dim))
     src_size = lowering.tensor(node.args[1]).size[dim]
 
     def load(index: Index) -> Node:
         offset = index[dim] - start_expr
         inside = in_range(offset, sympy.Integer(0), src_size * step)
         if step != 1:
-            rem = op("remainder", index_value(offset), index_value(sympy.Integer(step)))
+            rem = op("remainder", index_value(offset), index_value(step))
             inside = op("logical_and", inside, op("eq", rem, index_value(sympy.Integer(0))))
         src_index = list(index)
         src_index[dim] = FloorDiv(offset, step) if step != 1 else offset
@@ -158,8 +156,10 @@ def lower_slice_scatter(lowering: GraphLowering, node: torch.fx.Node) -> LazyTen
 def lower_select_scatter(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     base = lowering.tensor(node.args[0])
     dim = norm_dim(int_arg(node.args[2]), base.ndim)
-    position = int_arg(node.args[3])
-    where = base.size[dim] + position if position < 0 else sympy.Integer(position)
+    position = size_value(node.args[3])
+    if position is None:
+        raise NotLowerable("select_scatter without an index")
+    where = select_index(position, dim_extent(node.args[0], dim))
 
     def load(index: Index) -> Node:
         inside = op("eq", index_value(index[dim]), index_value(where))

@@ -33,8 +33,8 @@ def as_expr(value: Any) -> sympy.Expr:
 
 
 def _exact_divisions(expr: sympy.Basic) -> sympy.Expr:
-    """`expr` with floor divisions that divide exactly replaced by their quotient, and
-    `Max(1, e)` by `e` where `e >= 1` for all sizes.
+    """`expr` with floor divisions that divide exactly replaced by their quotient,
+    `Max(1, e)` by `e` where `e >= 1` for all sizes, and torch's Max and Min by sympy's.
 
     ShapeEnv leaves `s**3 // s**2` (the -1 of a view when every dimension is one ducked
     symbol) as is, and contiguous strides of a strided slice as `Max(1, (s + 1)//2)`;
@@ -42,6 +42,7 @@ def _exact_divisions(expr: sympy.Basic) -> sympy.Expr:
     output strides that should match did not), and a `Max` no codegen prints."""
     from torch.utils._sympy.functions import FloorDiv
     from torch.utils._sympy.functions import Max as TorchMax
+    from torch.utils._sympy.functions import Min as TorchMin
     from torch.utils._sympy.value_ranges import bound_sympy
 
     def quotient(division: sympy.Expr) -> sympy.Expr:
@@ -66,6 +67,12 @@ def _exact_divisions(expr: sympy.Basic) -> sympy.Expr:
         expr = expr.replace(lambda e: isinstance(e, FloorDiv), quotient)
     if expr.has(TorchMax) or expr.has(sympy.Max):
         expr = expr.replace(lambda e: isinstance(e, (TorchMax, sympy.Max)), at_least_one)
+    if expr.has(TorchMax) or expr.has(TorchMin):
+        # What stays is a real maximum (`Max(1, s1 - s0)`, the stride of a slice that
+        # may be empty; `max(n, 1)` in user code): the codegens print sympy's Max and
+        # Min, not torch's classes of the same name.
+        expr = expr.replace(lambda e: isinstance(e, TorchMax), lambda e: sympy.Max(*e.args))
+        expr = expr.replace(lambda e: isinstance(e, TorchMin), lambda e: sympy.Min(*e.args))
     return expr
 
 
@@ -74,6 +81,15 @@ def is_symbolic(value: Any) -> bool:
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)) and bool(
         as_expr(value).free_symbols
     )
+
+
+def known_true(condition: bool | torch.SymBool) -> bool:
+    """True when `condition` holds for every size the graph's ShapeEnv admits (its
+    symbols' ranges and the guards tracing recorded), checked without adding a guard:
+    a compiled graph must stay right for all the inputs its guards let through."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(condition))
 
 
 def evaluate(expr: sympy.Expr, bindings: Mapping[sympy.Symbol, int]) -> int | float | bool:

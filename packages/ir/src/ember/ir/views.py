@@ -16,12 +16,12 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
 
 from ember.ir.expr import Load
 from ember.ir.layout import contiguous_strides
 from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, list_arg, register_lowering
-from ember.ir.symbolic import as_expr, product, simplify_index
+from ember.ir.symbolic import as_expr, known_true, product, simplify_index
 from ember.ir.tensor import Index, LazyTensor
 
 aten = torch.ops.aten
@@ -158,12 +158,12 @@ def lower_slice(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
     a = lowering.args(node)
     dim = norm_dim(int(a["dim"]), source.ndim)
+    extent = dim_extent(node.args[0], dim)
     if node.target is aten.narrow_copy.default:
-        start, step = _value(lowering, a["start"]), sympy.Integer(1)
+        start, step = slice_start(size_value(a["start"]), extent), sympy.Integer(1)
     else:
-        start = _value(lowering, a["start"]) if a["start"] is not None else sympy.Integer(0)
-        step = _value(lowering, a["step"])
-    start = _slice_start(start, source.size[dim])
+        start = slice_start(size_value(a["start"]), extent)
+        step = size_expr(lowering, a["step"])
 
     def index_map(index: Index) -> list[sympy.Expr]:
         result = list(index)
@@ -173,7 +173,8 @@ def lower_slice(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     return view_of(source, lowering.out_size(node), index_map)
 
 
-def _value(lowering: GraphLowering, arg: Any) -> sympy.Expr:
+def size_expr(lowering: GraphLowering, arg: Any) -> sympy.Expr:
+    """A size argument (an int, or a node computing a SymInt) as a sympy expression."""
     if isinstance(arg, torch.fx.Node):
         value = lowering.env[arg]
         if not isinstance(value, sympy.Expr):
@@ -182,28 +183,71 @@ def _value(lowering: GraphLowering, arg: Any) -> sympy.Expr:
     return as_expr(arg)
 
 
-def _slice_start(start: sympy.Expr, size: sympy.Expr) -> sympy.Expr:
-    """Python's start normalisation (negative counts from the end, then clamped)."""
-    if isinstance(start, sympy.Integer):
-        value = int(start)
-        if value < 0:
-            value_expr: sympy.Expr = size + value
-            if isinstance(value_expr, sympy.Integer):
-                return sympy.Integer(max(int(value_expr), 0))
-            return sympy.Max(value_expr, 0)
-        if isinstance(size, sympy.Integer):
-            return sympy.Integer(min(value, int(size)))
-        return start
-    return start
+def size_value(arg: Any) -> int | torch.SymInt | None:
+    """An FX size argument (an int, None, or a node computing a SymInt) as torch holds
+    it: a SymInt keeps its ShapeEnv, which knows the ranges and guards that decide its
+    sign, where the plain sympy expression does not."""
+    if arg is None or isinstance(arg, (int, torch.SymInt)):
+        return arg
+    if isinstance(arg, torch.fx.Node):
+        val = arg.meta.get("val")
+        if isinstance(val, (int, torch.SymInt)):
+            return val
+    raise NotLowerable(f"a size argument that is not an integer: {arg}")
+
+
+def dim_extent(arg: Any, dim: int) -> int | torch.SymInt:
+    """The size of dimension `dim` of a tensor argument, from its FX metadata."""
+    val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        raise NotLowerable("a tensor argument without metadata")
+    return val.shape[dim]
+
+
+def slice_start(start: int | torch.SymInt | None, size: int | torch.SymInt) -> sympy.Expr:
+    """Python's normalisation of a slice start: a negative start counts from the end,
+    then the start is clamped into [0, size].
+
+    A symbolic start (`x[:, -k:]` with `k` dynamic, and the slice_scatter of its
+    backward) takes the branch the ShapeEnv proves: tracing ran torch's own slice, which
+    guarded on the sign, so the branch holds for every input the graph accepts. A start
+    whose sign is not proven (an unbacked value) cannot be lowered to one index."""
+    if start is None:
+        return sympy.Integer(0)
+    if known_true(start >= 0):
+        if isinstance(start, int) and isinstance(size, int):
+            return sympy.Integer(min(start, size))
+        # Past the end the result is empty and never read: no clamp is needed.
+        return as_expr(start)
+    if known_true(start < 0):
+        shifted = start + size
+        if known_true(shifted >= 0):
+            return as_expr(shifted)
+        if isinstance(shifted, int):
+            return sympy.Integer(0)
+        return sympy.Max(as_expr(shifted), 0)
+    raise NotLowerable(f"slice start {start} whose sign the shapes do not decide")
+
+
+def select_index(index: int | torch.SymInt, size: int | torch.SymInt) -> sympy.Expr:
+    """A select's index in [0, size): a negative index counts from the end. A symbolic
+    index takes the sign the ShapeEnv proves; one of unknown sign (`x[:, i.item()]`)
+    is its Python modulo by the size, the same map on the valid range [-size, size)."""
+    if known_true(index >= 0):
+        return as_expr(index)
+    if known_true(index < 0):
+        return as_expr(index + size)
+    return PythonMod(as_expr(index), as_expr(size))
 
 
 @register_lowering(aten.select.int, aten.select_copy.int)
 def lower_select(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     source = lowering.tensor(node.args[0])
     dim = norm_dim(int_arg(node.args[1]), source.ndim)
-    index_value = _value(lowering, node.args[2])
-    if isinstance(index_value, sympy.Integer) and int(index_value) < 0:
-        index_value = source.size[dim] + index_value
+    position = size_value(node.args[2])
+    if position is None:
+        raise NotLowerable("select without an index")
+    index_value = select_index(position, dim_extent(node.args[0], dim))
 
     def index_map(index: Index) -> list[sympy.Expr]:
         return [*index[:dim], index_value, *index[dim:]]
@@ -232,10 +276,12 @@ def lower_as_strided(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor
     layout = lowering.layouts[lowering.current(ref).name]
     if ref != value and not (source_val.is_contiguous() and source_val.storage_offset() == 0):
         raise NotLowerable("as_strided of a view that is not stored")
-    size = tuple(_value(lowering, s) for s in a["size"])
-    stride = tuple(_value(lowering, s) for s in a["stride"])
+    size = tuple(size_expr(lowering, s) for s in a["size"])
+    stride = tuple(size_expr(lowering, s) for s in a["stride"])
     offset = (
-        _value(lowering, a["storage_offset"]) if a["storage_offset"] is not None else layout.offset
+        size_expr(lowering, a["storage_offset"])
+        if a["storage_offset"] is not None
+        else layout.offset
     )
     name = lowering.current(ref).name
 

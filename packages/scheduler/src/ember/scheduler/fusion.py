@@ -4,8 +4,9 @@ The algorithm walks the program once, in order. Each computed buffer joins the
 existing group where fusing it saves the most bytes (ties: the earliest group), or
 starts a new group. Joining group G is legal when
 
-1. everything the node reads is computed inside G or before G starts, and no
-   mutation lies between G's start and the node (the node moves up to G's place);
+1. everything the node reads is computed inside G or before G starts, every
+   data-dependent size it uses is bound before G starts, and no mutation lies
+   between G's start and the node (the node moves up to G's place);
 2. the iteration spaces line up: same ranges (pointwise with pointwise), a pointwise
    node over `outer ++ inner` or over `outer` of a reduction group (epilogue), a
    reduction over `outer x inner` of a pointwise group (prologue), or another
@@ -42,10 +43,10 @@ from ember.ir import (
     walk,
 )
 from ember.ir.expr import map_dag, map_indices, replace_index
-from ember.ir.loops import Pointwise, Reduction, Scatter
+from ember.ir.loops import Pointwise, Reduction, Scatter, loop_bodies
 from ember.ir.symbolic import index_var, product
 from ember.scheduler.choices import DeviceChoices
-from ember.scheduler.indexing import affine_coefficient, hint, store_index
+from ember.scheduler.indexing import affine_coefficient, body_exprs, hint, store_index
 from ember.scheduler.iteration import merge_loop
 from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER
 
@@ -302,12 +303,17 @@ class Fuser:
         # Buffer name -> positions in `groups` of the groups computing or loading it:
         # the only groups where placing a reader of that buffer can score (`_may_save`).
         self._touching: dict[str, set[int]] = {}
+        # Data-dependent size symbol (`nonzero`'s row count) -> position of the step
+        # after which the wrapper has bound it (`symbol_definitions`).
+        self.defined_at: dict[sympy.Symbol, int] = {}
+        self._symbols_of: tuple[ComputedBuffer, frozenset[sympy.Symbol]] | None = None
 
     def run(self) -> list[Group]:
         for value in (*self.program.inputs, *self.program.constants):
             layout = getattr(value, "layout", None)
             if layout is not None:
                 self.sizes[value.name] = hint(layout.numel()) * layout.dtype.itemsize
+        self.defined_at = symbol_definitions(self.program)
         for position, node in enumerate(self.program.nodes):
             self.position_of[node.name] = position
             layout = getattr(node, "layout", None)
@@ -367,6 +373,12 @@ class Fuser:
         if self._reads_of is None or self._reads_of[0] is not buffer:
             self._reads_of = (buffer, frozenset(buffer.reads()))
         return self._reads_of[1]
+
+    def _symbols(self, buffer: ComputedBuffer) -> frozenset[sympy.Symbol]:
+        """The size symbols `buffer` uses anywhere (cached like `_reads`)."""
+        if self._symbols_of is None or self._symbols_of[0] is not buffer:
+            self._symbols_of = (buffer, frozenset(buffer_symbols(buffer)))
+        return self._symbols_of[1]
 
     def _may_save(self, group: Group, reads: frozenset[str]) -> bool:
         """Whether joining `group` can score above 0 (see `_score`): the buffer reads a
@@ -498,6 +510,10 @@ class Fuser:
         # Joining `group` moves `buffer` back to the group's place, before any barrier
         # in between: allowed only when that barrier writes nothing it reads (a bias
         # gradient's cast may move back across an embedding gradient's scatter).
+        if self.defined_at and any(
+            self.defined_at.get(symbol, -1) > group.position for symbol in self._symbols(buffer)
+        ):
+            return False  # it would run before the step that binds one of its sizes
         read_roots = {self._root(name) for name in self._reads(buffer)}
         for step, written in self.barriers:
             if step > group.position and (written is None or written & read_roots):
@@ -535,6 +551,44 @@ class Fuser:
             elif name in shared and self.choices.horizontal:
                 saved += self.sizes.get(name, 0)
         return saved
+
+
+def symbol_definitions(program: Program) -> dict[sympy.Symbol, int]:
+    """Each size symbol that no input carries (an unbacked one: a data-dependent size)
+    -> the position of the node that binds it: the first extern call or multi-output
+    pick whose result has it as a whole dimension size (the wrapper reads it from that
+    result's `size(d)`), or the call that returns it (`sym_size`, `item`). Nothing
+    that uses the symbol may run earlier."""
+    from_inputs = program.size_symbols()
+    defined: dict[sympy.Symbol, int] = {}
+    for position, node in enumerate(program.nodes):
+        found: list[sympy.Basic] = []
+        if isinstance(node, ExternKernel):
+            if node.symbol is not None:
+                found.append(node.symbol)
+            if not node.multi and node.outputs and node.outputs[0] is not None:
+                found += node.outputs[0].size
+        elif isinstance(node, MultiOutput) and node.layout is not None:
+            found += node.layout.size
+        for symbol in found:
+            if isinstance(symbol, sympy.Symbol) and symbol not in from_inputs:
+                defined.setdefault(symbol, position)
+    return defined
+
+
+def buffer_symbols(buffer: ComputedBuffer) -> set[sympy.Symbol]:
+    """The size symbols a computed buffer's loop, body and layout mention."""
+    loop = buffer.loop
+    exprs: list[sympy.Expr] = [*loop.ranges, *buffer.layout.size, *buffer.layout.stride]
+    if isinstance(loop, Reduction):
+        exprs += loop.reduction_ranges
+    if isinstance(loop, Scatter):
+        exprs.append(loop.index)
+    exprs += body_exprs(loop_bodies(loop))
+    symbols: set[sympy.Symbol] = set()
+    for expr in exprs:
+        symbols |= sympy.sympify(expr).free_symbols
+    return symbols
 
 
 def _reads_own_point(load: Load, member: Member) -> bool:

@@ -45,6 +45,7 @@ def plan_memory(program: Program, steps: Sequence[Step]) -> MemoryPlan:
             last_use.setdefault(name, index)
     for ref in iter_refs(program.outputs):
         last_use.pop(ref.name, None)
+    _extend_to_versions(steps, keep, last_use)
 
     # Buffers another name may alias: arguments of views, and of externs that write
     # their arguments in place (`sort.values(x, values=buf)` returns `buf` itself).
@@ -115,6 +116,28 @@ def plan_memory(program: Program, steps: Sequence[Step]) -> MemoryPlan:
         frees.sort()
     plan.peak_bytes = peak
     return plan
+
+
+def _extend_to_versions(steps: Sequence[Step], keep: set[str], last_use: dict[str, int]) -> None:
+    """A member that writes into another buffer's storage (a scatter into zeros, an
+    in-place update) is a new name for that storage: the storage lives as long as its
+    last version is read, and never dies when a version is a graph output. Without
+    this the storage went back to the pool once its first name was last read, and the
+    next buffer of that layout overwrote a returned gradient (GPT-2 with as many
+    positions as tokens: both embedding gradients are index_puts into zeros of one
+    shape, and the second one landed in the first's storage)."""
+    storage: dict[str, str] = {}
+    for step in steps:
+        if isinstance(step, KernelStep):
+            for member in step.kernel.members:
+                if member.mutates is not None:
+                    storage[member.name] = storage.get(member.mutates, member.mutates)
+    for version, root in storage.items():
+        if version in keep:
+            keep.add(root)
+            last_use.pop(root, None)
+        elif root not in keep and version in last_use:
+            last_use[root] = max(last_use.get(root, -1), last_use[version])
 
 
 def _bytes_of(name: str, ours: dict[str, Layout], steps: Sequence[Step]) -> int:
