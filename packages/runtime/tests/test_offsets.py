@@ -123,3 +123,28 @@ def test_a_symbolic_input_layout_reads_its_offset_at_each_call() -> None:
     static = lower_graph(make_fx(lambda a: a * 2)(torch.zeros(6)), options=LoweringOptions())
     (entry,) = [n for n in static.inputs if isinstance(n, InputBuffer)]
     assert entry.layout.offset == 0  # static: checked by the runtime's guard instead
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x, k: x[:, -k:].sin().sum(), lambda x, k: x.narrow(1, k, 2).sin().sum()],
+    ids=["tail", "narrow"],
+)
+def test_a_saved_view_reaches_the_backward_with_the_layout_it_assumes(fn: Any) -> None:
+    """Under dynamic shapes the backward is traced with the saved view's strides
+    (`(s1, 1)`) while the forward returns it in a fresh buffer (`(k, 1)`): the
+    symbolic-layout guard copies it into the assumed layout (the gradients were wrong
+    before)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="ember", dynamic=True)
+    first = len(compile_records)
+    with config.scope(strict=True):
+        for k in (2, 3, 4):
+            x = torch.randn(3, 8, generator=torch.Generator().manual_seed(k))
+            ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+            compiled(ours, k).backward()
+            fn(theirs, k).backward()
+            torch.testing.assert_close(ours.grad, theirs.grad, msg=lambda m, k=k: f"k={k}: {m}")
+    records = compile_records[first:]
+    assert {r.graph.split("_")[0] for r in records} == {"forward", "backward"}
+    assert all(r.ran_eagerly is None for r in records)

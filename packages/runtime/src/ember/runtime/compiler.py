@@ -31,7 +31,7 @@ from ember.runtime.kernels import (
     unsupported_ops,
     wants_loops,
 )
-from ember.runtime.layouts import guard_layouts, static_layouts
+from ember.runtime.layouts import guard_layouts, guard_symbolic_layouts, static_layouts
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging
 from ember.runtime.wrapper import generate_wrapper
@@ -149,7 +149,9 @@ def compile_graph(
     )
     # kernels bake each input's strides and storage offset: a call with others copies
     call: Callable[[list[Any]], Any] = guard_layouts(
-        module.call, static_layouts(program, gm), graph_name
+        guard_symbolic_layouts(module.call, program, gm, graph_name),
+        static_layouts(program, gm),
+        graph_name,
     )
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked

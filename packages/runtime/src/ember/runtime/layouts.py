@@ -10,8 +10,14 @@ with the view's offset, were read at the wrong place. So a call first checks eac
 static input with `ember.ir.conforms` (27-44 us for 200 inputs on a 2-core CPU
 machine, with its load) and passes a mismatched input as a copy laid out the assumed
 way (`ember.ir.laid_out`); an input the graph writes to is copied back afterwards.
-Inputs whose layout is symbolic (dynamic shapes) are not checked here: their sizes,
-strides and storage offset are size arguments read off the tensor at every call.
+Inputs whose layout is symbolic (dynamic shapes) take their storage offset, and any
+size or stride that is a symbol of its own, as size arguments read off the tensor at
+every call; their other strides are expressions of sizes (`(s1, 1)` for a contiguous
+`[s0, s1]`), which Dynamo guards for the forward graph but nothing guards for a
+backward: a saved `x[:, -k:]` traced as a view (strides `(s27, 1)`) and materialised
+by the forward in a fresh buffer (`(k, 1)`) was read with the view's strides.
+`guard_symbolic_layouts` checks those inputs at each call, evaluating their layouts
+with the call's size symbols through Python functions generated once.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import torch
 import torch.fx
 
 from ember.graphpasses.effects import written_args
-from ember.ir import InputBuffer, Program, conforms, laid_out
+from ember.ir import InputBuffer, Program, bind_symbols, conforms, laid_out, offset_symbol
+from ember.runtime.pyexpr import pyexpr, symbol_name
 
 log = logging.getLogger(__name__)
 
@@ -101,3 +108,68 @@ def guard_layouts(
         return result
 
     return guarded
+
+
+def guard_symbolic_layouts(
+    call: Callable[[list[Any]], Any], program: Program, gm: torch.fx.GraphModule, graph: str
+) -> Callable[[list[Any]], Any]:
+    """`call`, taking any input with a symbolic layout that does not conform to it
+    (evaluated with the call's size symbols) as a copy that does, and copying written
+    ones back."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = {arg for node in gm.graph.nodes for arg in written_args(node)}
+    checks: list[tuple[int, bool, bool, Callable[..., tuple[Any, Any, Any]]]] = []
+    for index, (entry, node) in enumerate(zip(program.inputs, placeholders, strict=True)):
+        if isinstance(entry, InputBuffer) and not entry.layout.is_static:
+            checks.append((index, node in written, _own_offset(entry), _evaluator(entry)))
+    if not checks:
+        return call
+
+    def guarded(args: list[Any]) -> Any:
+        values = {symbol_name(s): v for s, v in bind_symbols(program, args).items()}
+        moved = []
+        for index, is_written, own_offset, evaluate in checks:
+            x = args[index]
+            size, stride, offset = evaluate(**values)
+            if not isinstance(x, torch.Tensor) or conforms(x, size, stride, offset):
+                continue
+            log.debug(
+                "%s: input %d has strides %s, compiled for %s: copied",
+                graph,
+                index,
+                x.stride(),
+                stride,
+            )
+            # an offset of the input's own is read again from the copy: start it at 0
+            copy = laid_out(x, size, stride, 0 if own_offset else offset)
+            if is_written:
+                moved.append((x, copy))
+            args[index] = copy
+        result = call(args)
+        with torch.no_grad():
+            for original, copy in moved:
+                original.copy_(copy)
+        return result
+
+    return guarded
+
+
+def _own_offset(entry: InputBuffer) -> bool:
+    """Whether the input's storage offset is its own size symbol (`offset_symbol`)."""
+    return bool(entry.layout.offset == offset_symbol(entry.name))
+
+
+def _evaluator(entry: InputBuffer) -> Callable[..., tuple[Any, Any, Any]]:
+    """A Python function of the size symbols (by their wrapper names) that returns the
+    input's sizes, strides and offset: generated once, since evaluating sympy per call
+    would cost more than the kernels it guards."""
+    layout = entry.layout
+    size, stride = (
+        "(" + "".join(f"{pyexpr(e)}, " for e in exprs) + ")"
+        for exprs in (layout.size, layout.stride)
+    )
+    names = ", ".join([*sorted(symbol_name(s) for s in layout.free_symbols), "**_"])
+    function: Callable[..., tuple[Any, Any, Any]] = eval(
+        f"lambda {names}: ({size}, {stride}, {pyexpr(layout.offset)})"
+    )
+    return function
