@@ -131,7 +131,7 @@ def conforms(tensor: torch.Tensor, size: Sequence[int], stride: Sequence[int], o
     compared; an empty tensor is read nowhere, so it always conforms."""
     if 0 in size:
         return True
-    if tensor.storage_offset() != offset:
+    if tensor.storage_offset() != offset or tensor.dim() != len(size):
         return False
     actual = tensor.stride()
     if actual == tuple(stride):

@@ -258,7 +258,9 @@ class ReductionRenderer:
             self.body.helpers.add(helper)
             outer.emit(f"{acc}_v = tl.full({shape}, {ident}, {reg})")
             outer.emit(f"{acc}_i = tl.full({shape}, {self.sentinel}, {self.plan.index_type})")
-            index = f"tl.where(xmask & rmask, rindex, {self.sentinel})"
+            # rindex is int32 wherever the loop bound is a runtime int32; the carried
+            # index must keep one type across iterations (Triton refuses the loop else)
+            index = f"tl.where(xmask & rmask, rindex.to({self.plan.index_type}), {self.sentinel})"
             inner.emit(f"{acc}_v, {acc}_i = {helper}({acc}_v, {acc}_i, {masked}, {index})")
             after.emit(f"{acc}_v, {acc}_i = tl.reduce(({acc}_v, {acc}_i), 1, {helper})")
             return [f"{acc}_i[:, None].to(tl.int64)"]

@@ -76,7 +76,7 @@ INT_DIVISION = (
     "torch.div({0}, {1}, rounding_mode='trunc')",
     "torch.div({0}, {1}, rounding_mode='floor')",
 )
-BAD_INDICES = ("n", "-n - 1", "n + 7", "2**40")
+BAD_INDICES = ("n", "-n - 1", "n + 7", "2**40", "-1")  # -1: bad where negatives do not wrap
 
 
 @dataclass(frozen=True)
@@ -267,12 +267,14 @@ class ProgramGenerator:
         else:
             self.emit("torch.where({0} > 0, {1}, {0})", (cond, a), shape, "float32")
 
-    def new_index(self, shape: tuple[str, ...], bound: str) -> Value:
-        """A fresh index input into a dimension of key `bound`."""
+    def new_index(self, shape: tuple[str, ...], bound: str, *, wraps: bool = False) -> Value:
+        """A fresh index input into a dimension of key `bound` (see `Input.wraps`)."""
         r = self.hazard_rng
         bad = r.choice(BAD_INDICES) if self.hazards.bad_indices and r.random() < 0.3 else None
         value = Value(f"x{len(self.inputs)}", shape, "int64", True)
-        self.inputs.append(Input(value.name, shape, "int64", index_of=bound, bad_index=bad))
+        self.inputs.append(
+            Input(value.name, shape, "int64", index_of=bound, wraps=wraps, bad_index=bad)
+        )
         self.values.append(value)
         return value
 
@@ -300,12 +302,11 @@ class ProgramGenerator:
             shape = (*x.shape[:d], ids.shape[0], *x.shape[d + 1 :])
             self.emit(f"{{0}}.index_select({d}, {{1}})", (x, ids), shape, x.dtype)
         elif kind == "index":
-            ids = self.new_index(
-                tuple(r.choice(list(self.dims)) for _ in range(r.randint(1, 2))), x.shape[0]
-            )
+            shape = tuple(r.choice(list(self.dims)) for _ in range(r.randint(1, 2)))
+            ids = self.new_index(shape, x.shape[0], wraps=True)
             self.emit("{0}[{1}]", (x, ids), (*ids.shape, *x.shape[1:]), x.dtype)
         elif kind == "index_put":
-            ids = self.new_index((r.choice(list(self.dims)),), x.shape[0])
+            ids = self.new_index((r.choice(list(self.dims)),), x.shape[0], wraps=True)
             v = self.new_input((ids.shape[0], *x.shape[1:]), x.dtype)
             template = "{0}.index_put(({1},), {2}, accumulate=True)"
             self.emit(template, (x, ids, v), x.shape, x.dtype)

@@ -14,9 +14,9 @@ float64 (`render(program, float64=True)`).
 Programs never write their inputs, so every run passes the same input tensors as they
 are: an input may be a view at a storage offset, or overlap an earlier input's storage
 (`Input.offset`, `Input.shares`), which is how the fuzzer reaches the runtime's layout
-rules. An index input (`Input.index_of`) holds indices into a dimension, wrapped
-negatives included, and may hold one out of range (`Input.bad_index`): eager raises,
-and so must ember.
+rules. An index input (`Input.index_of`) holds indices into a dimension, negative
+ones too for the ops that wrap them (`Input.wraps`: advanced indexing, index_put),
+and may hold one out of range (`Input.bad_index`): eager raises, and so must ember.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class Input:
     dtype: str
     offset: int = 0  # the storage offset of the view the program is given
     shares: str | None = None  # an earlier input whose storage this view overlaps
-    index_of: str | None = None  # an index input: values in [-n, n), n this dimension key
+    index_of: str | None = None  # an index input into a dimension of this key (size n)
+    wraps: bool = False  # its values span [-n, n) (ops that wrap negatives), else [0, n)
     bad_index: str | None = None  # an expression of n put in its first element (eager raises)
 
 
@@ -152,7 +153,8 @@ def render_inputs(program: Program, sizes: dict[str, int], *, seed_expr: str = "
         shape = input_sizes(inp, sizes)
         if inp.index_of is not None:
             n = dim_size(inp.index_of, sizes)
-            lines.append(f"{inp.name} = make_index({shape}, {n}, gen, {inp.bad_index!r})")
+            bad, wraps = inp.bad_index, inp.wraps
+            lines.append(f"{inp.name} = make_index({shape}, {n}, gen, {bad!r}, wraps={wraps})")
         else:
             lines.append(f"{inp.name} = make_input({shape}, torch.{inp.dtype}, gen)")
     placements = _placements(program)
@@ -172,11 +174,11 @@ def make_input(shape: list[int], dtype: torch.dtype, gen: torch.Generator) -> to
 
 
 def make_index(
-    shape: list[int], n: int, gen: torch.Generator, bad: str | None = None
+    shape: list[int], n: int, gen: torch.Generator, bad: str | None = None, *, wraps: bool = False
 ) -> torch.Tensor:
-    """int64 indices into a dimension of size `n`, negative ones (which wrap) included;
+    """int64 indices into a dimension of size `n` (negative ones too, if `wraps`);
     with `bad`, the first element is that expression of n (out of range)."""
-    index = torch.randint(-n, n, shape, generator=gen, dtype=torch.int64)
+    index = torch.randint(-n if wraps else 0, n, shape, generator=gen, dtype=torch.int64)
     if bad is not None and index.numel():
         index.view(-1)[0] = int(eval(bad, {"__builtins__": {}}, {"n": n}))
     return index
@@ -236,7 +238,8 @@ def make_inputs(
     for i in program.inputs:
         shape = input_sizes(i, sizes)
         if i.index_of is not None:
-            tensors.append(make_index(shape, dim_size(i.index_of, sizes), gen, i.bad_index))
+            n = dim_size(i.index_of, sizes)
+            tensors.append(make_index(shape, n, gen, i.bad_index, wraps=i.wraps))
         else:
             tensors.append(make_input(shape, getattr(torch, i.dtype), gen))
     tensors = place_views(tensors, _placements(program), device)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +95,9 @@ def run_program(
                     if stats is not None:  # eager raised for the bad input, and so did ember
                         stats["raised"] = stats.get("raised", 0) + 1
                     continue
-                return Finding("error", f"{where}: {first_line[:400]}")
+                frames = traceback.extract_tb(exc.__traceback__)
+                raised_at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+                return Finding("error", f"{where}: {first_line[:400]}{raised_at}")
             if isinstance(expected, Exception):
                 return Finding("missed-error", f"{where}: eager raised {expected!s:.200}")
             finding = _judge(program, actual, expected, reference, where, rounded[index])
