@@ -169,6 +169,27 @@ def test_integer_division_by_zero_raises_like_eager(case: Any, dtype: torch.dtyp
 
 
 @pytest.mark.parametrize("case", INT_DIVISIONS, ids=[c[0] for c in INT_DIVISIONS])
+def test_a_zero_divisor_raises_where_its_quotient_is_not_read(case: Any) -> None:
+    """Eager divides every element: a zero divisor in a column the program then drops
+    still raises (found by fuzzing: a lazy quotient was computed only where read)."""
+    _name, fn = case
+    a = torch.tensor([[7, -7], [5, 3]])
+    b = torch.tensor([[2, 0], [3, 0]])  # zeros only in column 1
+
+    def first_column(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return fn(x, y).select(1, 0) * 2
+
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        first_column(a, b)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        _run(first_column, a, b)
+    good = b + (b == 0)
+    torch._dynamo.reset()
+    torch.testing.assert_close(_run(first_column, a, good), first_column(a, good))
+
+
+@pytest.mark.parametrize("case", INT_DIVISIONS, ids=[c[0] for c in INT_DIVISIONS])
 def test_most_negative_divided_by_minus_one(case: Any) -> None:
     """Eager's floor division, remainder and fmod give INT64_MIN, 0 and 0; its trunc
     division traps (SIGFPE) on the CPU: ember gives the floor division's value."""

@@ -261,6 +261,22 @@ class Rand(Node):
         return self.rand_dtype
 
 
+# Integer ops that divide by their second argument: a zero divisor is an error in eager
+# (ZeroDivisionError on the CPU) and a trap on x86.
+INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
+
+
+def may_divide_by_zero(node: Node) -> bool:
+    """Whether `node` is an integer division whose divisor may be 0 (any divisor but a
+    nonzero constant; floating-point division by zero is inf or NaN, as in torch)."""
+    if not isinstance(node, Op) or node.name not in INTEGER_DIVISIONS:
+        return False
+    divisor = node.args[1]
+    if divisor.dtype.is_floating_point or divisor.dtype == torch.bool:
+        return False
+    return not (isinstance(divisor, Const) and divisor.value != 0)
+
+
 def walk(root: Node) -> Iterator[Node]:
     """Every node of the DAG under `root` once, children before parents."""
     seen: set[int] = set()

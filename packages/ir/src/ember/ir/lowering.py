@@ -36,7 +36,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from ember.ir.errors import LoweringError
 from ember.ir.errors import NotLowerable as NotLowerable
-from ember.ir.expr import Load, Op, Rand, walk
+from ember.ir.expr import Load, Op, Rand, may_divide_by_zero, walk
 from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
 from ember.ir.layout import Layout
 from ember.ir.loops import Loop, Pointwise
@@ -612,6 +612,12 @@ class GraphLowering:
             layout = Layout.of(val)
             if layout.size == result.size:
                 result.stride_hint = layout.stride
+        if any(may_divide_by_zero(n) for n in walk(result.body())):
+            # Eager divides every element, so it raises for a zero divisor wherever it
+            # sits; a lazy value is computed only where read (`(a // b)[0]`), and would
+            # miss it. Stored, every element is computed and checked.
+            self.realize(result)
+            return result
         cost = result.cost()
         users = len(node.users)
         shared = users > 1

@@ -43,12 +43,11 @@ from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.indexing import IndexPrintError, print_index
 from ember.codegen.cpp.ops_table import render_op
 from ember.ir import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.expr import may_divide_by_zero
 from ember.ir.symbolic import indirect_var
 from ember.scheduler import FusedKernel
 
 ERROR_RECORD = "ember_error"  # the kernel parameter: int64_t[3], check + 1, value, size
-# Integer ops that divide by their second argument (a zero divisor traps on x86).
-DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 
 
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ class Emitter:
             return self._load(node)
         if isinstance(node, Op):
             args = [self._known(a) or "" for a in node.args]
-            if node.name in DIVISIONS and _may_be_zero(node.args[1]):
+            if may_divide_by_zero(node):
                 check = ctx.check(
                     KernelCheck("division", f"{node.name} of kernel {ctx.kernel.name}")
                 )
@@ -341,11 +340,3 @@ def _positive(size: Node) -> bool:
         return False
     expr = sympy.sympify(size.expr)
     return bool(expr.is_Integer and int(expr) > 0)
-
-
-def _may_be_zero(divisor: Node) -> bool:
-    """Whether an integer divisor needs a zero check (constants other than 0 do not;
-    floating-point division by zero gives inf or NaN, as in torch)."""
-    if divisor.dtype.is_floating_point or divisor.dtype == torch.bool:
-        return False
-    return not (isinstance(divisor, Const) and divisor.value != 0)

@@ -292,7 +292,7 @@ class ReductionRenderer:
         shape = "[XBLOCK, RBLOCK]"
         minus_inf = float_literal(float("-inf"))
         outer.emit(f"{acc} = tl.full({shape}, {minus_inf}, {reg})")
-        outer.emit(f"{acc}_sum = tl.full({shape}, 0, tl.float32)")
+        outer.emit(f"{acc}_sum = tl.full({shape}, 0, {reg})")  # float64 rows sum in float64
         inner.emit(f"{acc}_x = tl.where(xmask & rmask, {value}, {minus_inf})")
         inner.emit(f"{acc}_new = ember_max_combine({acc}, {acc}_x)")
         inner.emit(
