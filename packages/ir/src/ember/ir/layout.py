@@ -69,11 +69,12 @@ class Layout:
         return all(isinstance(e, sympy.Integer) for e in (*self.size, *self.stride, self.offset))
 
     def runtime_offset(self, name: str) -> Layout:
-        """This layout of the input `name`, with a storage offset read at each call
-        unless the layout is static (and so checked at each call): an offset that is
-        one size symbol stays that symbol, any other becomes the symbol
-        `offset_symbol(name)`."""
-        if self.is_static or isinstance(self.offset, sympy.Symbol):
+        """This layout of the input `name`, with a storage offset read off the tensor at
+        each call (the symbol `offset_symbol(name)`) unless the layout is static (and
+        so checked at each call). Even an offset the graph already has as a size
+        symbol is read off the tensor: Dynamo may pass that symbol's value as a graph
+        input too, and the kernels must index where the tensor really starts."""
+        if self.is_static:
             return self
         return replace(self, offset=offset_symbol(name))
 

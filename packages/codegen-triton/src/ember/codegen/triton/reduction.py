@@ -186,7 +186,8 @@ class ReductionRenderer:
             helper = f"ember_{kind}_combine"
             self.body.helpers.add(helper)
             scope.emit(f"{name}_v = {masked}")
-            scope.emit(f"{name}_i = tl.where(xmask & rmask, rindex, {self.sentinel})")
+            index = f"rindex.to({self.plan.index_type})"  # one type for the pair's reduce
+            scope.emit(f"{name}_i = tl.where(xmask & rmask, {index}, {self.sentinel})")
             scope.emit(f"{name}_v, {name}_i = tl.reduce(({name}_v, {name}_i), 1, {helper})")
             results = [f"{name}_i[:, None].to(tl.int64)"]
         elif kind == "welford":
