@@ -11,7 +11,7 @@
 # FUZZ_BUDGET (seconds per fuzz stage, 480), WORKERS (cores - 1), OPINFO_SHARDS (8).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$(printf '%s:' "$PWD"/packages/*/src)
+export PYTHONPATH=$(printf '%s:' "$PWD"/packages/*/src)${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-bench_out}
 mkdir -p "$OUT"

@@ -148,3 +148,36 @@ def test_a_saved_view_reaches_the_backward_with_the_layout_it_assumes(fn: Any) -
     records = compile_records[first:]
     assert {r.graph.split("_")[0] for r in records} == {"forward", "backward"}
     assert all(r.ran_eagerly is None for r in records)
+
+
+@torch.library.custom_op("ember_test::row_norms", mutates_args=())
+def _row_norms(x: torch.Tensor) -> torch.Tensor:
+    return x.norm(dim=-1)
+
+
+@_row_norms.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    # wrong on purpose, as torch 2.11's linalg_vector_norm over a size-1 dimension:
+    # the dimension is kept
+    return x.new_empty(*x.shape[:-1], 1)
+
+
+def test_an_extern_whose_shape_function_is_wrong_runs_eagerly_or_raises() -> None:
+    """An extern result of other sizes than its metadata: ember's kernels were
+    planned for the metadata's, so the graph switches to eager with a warning (or
+    raises the mismatch under EMBER_STRICT), never reads the wrong elements."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ember_test.row_norms(x) * 2
+
+    x = torch.randn(5, 1)
+    torch._dynamo.reset()
+    first = len(compile_records)
+    compiled = torch.compile(fn, backend="ember")
+    torch.testing.assert_close(compiled(x), fn(x))
+    torch.testing.assert_close(compiled(x + 1), fn(x + 1))
+    (record,) = compile_records[first:]
+    assert record.ran_eagerly is not None and "returned sizes (5,)" in record.ran_eagerly
+    torch._dynamo.reset()
+    with config.scope(strict=True), pytest.raises(Exception, match="returned sizes"):
+        torch.compile(fn, backend="ember")(x)

@@ -38,6 +38,7 @@ from ember.ir.expr import (
     walk,
 )
 from ember.ir.interpreter import (
+    ExternShapeMismatch,
     argument_value,
     bind_symbols,
     call_extern,
@@ -88,6 +89,7 @@ __all__ = [
     "Const",
     "ConstantBuffer",
     "ExternKernel",
+    "ExternShapeMismatch",
     "IRNode",
     "IndexExpr",
     "IndexOutOfBounds",

@@ -40,8 +40,16 @@ def bind_symbols(program: Program, args: Sequence[Any]) -> dict[sympy.Symbol, in
     return bindings
 
 
+class ExternShapeMismatch(RuntimeError):
+    """An extern call returned other sizes than the graph's metadata promised."""
+
+
 def ensure_layout(
-    tensor: torch.Tensor, size: Sequence[int], stride: Sequence[int], offset: int = 0
+    tensor: torch.Tensor,
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: int = 0,
+    what: str = "an extern call",
 ) -> torch.Tensor:
     """`tensor` itself when it has the layout (`conforms`), else a copy that has it.
 
@@ -52,6 +60,15 @@ def ensure_layout(
     """
     if conforms(tensor, size, stride, offset):
         return tensor
+    if tuple(tensor.shape) != tuple(size):
+        # torch 2.11's shape function of linalg_vector_norm over a size-1 dimension
+        # keeps it, say; the graph was traced (and planned) with those sizes
+        raise ExternShapeMismatch(
+            f"ember: {what} returned sizes {tuple(tensor.shape)} where the graph's "
+            f"metadata (torch's shape function for the op) says {tuple(size)}, and ember "
+            "planned the graph's kernels for those; a newer torch may fix the shape "
+            "function, else run this graph with another backend"
+        )
     return laid_out(tensor, size, stride, offset)
 
 
@@ -61,16 +78,21 @@ def conform_extern_result(
     """An extern's result with the strides the program planned for it (see ensure_layout)."""
     if node.multi or node.is_view or node.writes_arguments:
         return result
-    return conform(result, node.outputs[0], bindings)
+    return conform(result, node.outputs[0], bindings, str(node.op))
 
 
-def conform(value: Any, layout: Layout | None, bindings: Mapping[sympy.Symbol, int]) -> Any:
+def conform(
+    value: Any,
+    layout: Layout | None,
+    bindings: Mapping[sympy.Symbol, int],
+    what: str = "an extern call",
+) -> Any:
     """A tensor with the strides of `layout` (itself when they already match)."""
     if layout is None or not isinstance(value, torch.Tensor):
         return value
     size = [int(evaluate(s, bindings)) for s in layout.size]
     stride = [int(evaluate(s, bindings)) for s in layout.stride]
-    return ensure_layout(value, size, stride, int(evaluate(layout.offset, bindings)))
+    return ensure_layout(value, size, stride, int(evaluate(layout.offset, bindings)), what)
 
 
 def argument_value(tree: Any, env: Mapping[str, Any], bindings: Mapping[sympy.Symbol, int]) -> Any:

@@ -22,7 +22,15 @@ import torch
 import torch.fx
 
 from ember.graphpasses import default_pipeline
-from ember.ir import LoweringOptions, Program, format_program, lower_graph, verify
+from ember.graphpasses.effects import written_args
+from ember.ir import (
+    ExternShapeMismatch,
+    LoweringOptions,
+    Program,
+    format_program,
+    lower_graph,
+    verify,
+)
 from ember.runtime.config import EmberConfigError, config
 from ember.runtime.kernels import (
     Launcher,
@@ -153,6 +161,7 @@ def compile_graph(
         static_layouts(program, gm),
         graph_name,
     )
+    call = _eager_on_shape_mismatch(call, eager_gm, record)
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked
 
@@ -255,6 +264,33 @@ def _copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     result = graph.graph_copy(gm.graph, {})
     graph.output(result)
     return torch.fx.GraphModule(gm, graph)
+
+
+def _eager_on_shape_mismatch(
+    call: Callable[[list[Any]], Any], eager_gm: torch.fx.GraphModule, record: CompileRecord
+) -> Callable[[list[Any]], Any]:
+    """`call`, switching the graph to eager for good where an extern call returns
+    other sizes than the graph's metadata promised (ember.ir.ExternShapeMismatch: a
+    torch shape function that disagrees with its kernel; ember's kernels were planned
+    for the wrong sizes). Only for graphs that write none of their inputs: a graph
+    stopped halfway may have written some, and would write them again. Under
+    EMBER_STRICT the error is raised."""
+    if config.strict or any(written_args(node) for node in eager_gm.graph.nodes):
+        return call
+    eager = _eager_runner(eager_gm)
+    state = {"call": call}
+
+    def run(args: list[Any]) -> Any:
+        inputs = list(args)  # the wrapper empties `args`
+        try:
+            return state["call"](args)
+        except ExternShapeMismatch as exc:
+            log.warning("%s: %s. Running this graph eagerly from now on.", record.graph, exc)
+            record.ran_eagerly = str(exc)
+            state["call"] = eager
+            return eager(inputs)
+
+    return run
 
 
 def _eager_runner(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:

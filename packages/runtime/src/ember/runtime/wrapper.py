@@ -124,10 +124,12 @@ def generate_wrapper(
             if isinstance(node.symbol, sympy.Symbol):
                 bound.add(node.symbol)
             if not node.multi and not node.is_view and not node.writes_arguments:
-                body += _layout_check(w, step.node.name, step.node.outputs[0], bound)
+                what = str(node.op)
+                body += _layout_check(w, step.node.name, step.node.outputs[0], bound, what)
         elif isinstance(step, SelectOutput):
             body.append(f"{step.node.name} = {step.node.source}[{step.node.index}]")
-            body += _layout_check(w, step.node.name, step.node.layout, bound)
+            what = f"output {step.node.index} of {step.node.source}"
+            body += _layout_check(w, step.node.name, step.node.layout, bound, what)
         if frees:
             body.append(f"del {', '.join(frees)}")
     outputs = [w.arg(o) for o in program.outputs]
@@ -203,7 +205,7 @@ def _seed_line(w: _Writer, schedule: Schedule) -> str:
 
 
 def _layout_check(
-    w: _Writer, name: str, layout: Layout | None, bound: set[sympy.Symbol]
+    w: _Writer, name: str, layout: Layout | None, bound: set[sympy.Symbol], what: str
 ) -> list[str]:
     """Make an ATen result have the strides and storage offset the IR planned for it.
 
@@ -223,7 +225,8 @@ def _layout_check(
         return lines
     w.injected["ensure_layout"] = ensure_layout
     size, stride = w.arg(tuple(layout.size)), w.arg(tuple(layout.stride))
-    return [*lines, f"{name} = ensure_layout({name}, {size}, {stride}, {w.arg(layout.offset)})"]
+    offset = w.arg(layout.offset)
+    return [*lines, f"{name} = ensure_layout({name}, {size}, {stride}, {offset}, {what!r})"]
 
 
 def _extern_line(w: _Writer, node: ExternKernel) -> str:
