@@ -249,6 +249,15 @@ CASES: dict[str, Case] = {
             "rtol": 1e-4,
         },
     ),
+    # C's fmax/fmin: NaN only where both operands are NaN
+    "fmax_fmin": (
+        lambda x, y: (torch.fmax(x, y), torch.fmin(x, y)),
+        lambda device: [
+            torch.tensor([1.0, float("nan"), float("nan"), -2.0]).to(device),
+            torch.tensor([float("nan"), 3.0, float("nan"), 5.0]).to(device),
+        ],
+        {"atol": 0, "rtol": 0},
+    ),
     # storage offsets (ember.ir.layout's contract): compiled for contiguous inputs at
     # offset 0, run on views at other offsets, read and written in place
     "offset_read": (

@@ -95,8 +95,15 @@ TRITON_OPS: dict[str, Template] = {
     "atan2": ("libdevice.atan2({0}, {1})", None),
     "maximum": ("tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", "tl.maximum({0}, {1})"),
     "minimum": ("tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)", "tl.minimum({0}, {1})"),
-    "fmax": ("libdevice.fmax({0}, {1})", "tl.maximum({0}, {1})"),
-    "fmin": ("libdevice.fmin({0}, {1})", "tl.minimum({0}, {1})"),
+    # NaN only where both are (C's fmax); Triton 3.6's libdevice.fmax did not compile
+    "fmax": (
+        "tl.where({0} != {0}, {1}, tl.where({1} != {1}, {0}, tl.maximum({0}, {1})))",
+        "tl.maximum({0}, {1})",
+    ),
+    "fmin": (
+        "tl.where({0} != {0}, {1}, tl.where({1} != {1}, {0}, tl.minimum({0}, {1})))",
+        "tl.minimum({0}, {1})",
+    ),
     "copysign": ("libdevice.copysign({0}, {1})", None),
     "hypot": ("libdevice.hypot({0}, {1})", None),
     "nextafter": ("libdevice.nextafter({0}, {1})", None),

@@ -11,6 +11,8 @@ atomic and are refused.
 
 from __future__ import annotations
 
+import torch
+
 from ember.codegen.triton.body import BodyRenderer, Scope
 from ember.codegen.triton.printer import IndexPrinter, UnsupportedKernelError
 from ember.ir.symbolic import indirect_var
@@ -42,6 +44,11 @@ def render_scatter(kernel: FusedKernel, body: BodyRenderer, scope: Scope) -> Non
             )
         if m.mutates is None:
             raise UnsupportedKernelError(f"kernel {kernel.name}: scatter {m.name} has no target")
+        if m.scatter_reduce in ("max", "min") and m.dtype in (torch.float16, torch.bfloat16):
+            raise UnsupportedKernelError(  # Triton has no 16-bit float atomic max/min
+                f"kernel {kernel.name}: scatter {m.name} takes the {m.scatter_reduce} of "
+                f"{m.dtype} values, which Triton's atomics do not support"
+            )
         value = body.render(m.body, scope)
         printer = IndexPrinter(body.printer.names)
         for k, node in enumerate(m.indirect):
