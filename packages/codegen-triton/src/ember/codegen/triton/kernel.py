@@ -112,9 +112,9 @@ def render_kernel(
     function = re.sub(r"^k\d+_", "", sanitize(kernel.name)) or "kernel"
     params = parameters(positional, plan, body.bounds_checked)
     header = ["import triton", "import triton.language as tl"]
-    if "libdevice" in body.helpers:
-        header.append("from triton.language.extra import libdevice")
     helpers = helper_source({h for h in body.helpers if h != "libdevice"})
+    if "libdevice" in body.helpers or "libdevice." in helpers:  # a helper may call it too
+        header.append("from triton.language.extra import libdevice")
     doc = f'    """{_summary(positional, plan.kind)}"""'
     source = "\n".join(
         [
