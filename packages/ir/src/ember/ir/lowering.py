@@ -34,6 +34,7 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv
 
+from ember.graphpasses.effects import storage_key
 from ember.ir.errors import LoweringError
 from ember.ir.errors import NotLowerable as NotLowerable
 from ember.ir.expr import Load, Op, Rand, may_divide_by_zero, walk
@@ -140,6 +141,7 @@ class GraphLowering:
         self.env: dict[torch.fx.Node, Any] = {}
         self._bound_symbols: set[sympy.Symbol] = set()
         self._views: set[str] = set()  # as_strided views made for extern arguments
+        self._input_storages: dict[str, Any] = {}  # input name -> its storage's identity
         self._counter = 0
         # Layout of every named buffer, and for a mutated buffer the name of its
         # newest version (see ComputedBuffer.mutates).
@@ -164,6 +166,7 @@ class GraphLowering:
         if isinstance(val, torch.Tensor):
             # the example's storage offset is no promise about later calls' inputs
             entry = InputBuffer(name, Layout.of(val).runtime_offset(name))
+            self._input_storages[name] = storage_key(val)
             self.layouts[name] = entry.layout
             self._bound_symbols |= entry.layout.free_symbols
             result: Any = BufferRef(name)
@@ -325,10 +328,15 @@ class GraphLowering:
             wanted = Layout.of(val)
             if isinstance(lazy, LazyTensor) and lazy.realized is None:
                 # A reshape or transpose of an intermediate buffer is returned as a view
-                # of it (eager returns a view too); views of graph inputs are copied.
+                # of it (eager returns a view too); views of graph inputs are copied,
+                # unless the graph's output is a view of that input too: AOTAutograd
+                # then rebuilds the user's view from the input with this output's
+                # storage offset (torch 2.11 does), which a copy at offset 0 would lose.
                 body = lazy.body()
                 inputs = {n.name for n in self.program.inputs}
-                if isinstance(body, Load) and body.buffer not in inputs:
+                if isinstance(body, Load) and (
+                    body.buffer not in inputs or self._aliases(val, body.buffer)
+                ):
                     view = self._strided_view(lazy)
                     if view is not None and _same_strides(self.layouts[view.name], wanted):
                         return view
@@ -433,6 +441,11 @@ class GraphLowering:
                 if view is not None:
                     return view
         return self._convert(arg)
+
+    def _aliases(self, value: torch.Tensor, name: str) -> bool:
+        """Whether the graph value `value` lives in the storage of input `name`."""
+        storage = storage_key(value)
+        return storage is not None and self._input_storages.get(name) == storage
 
     def _strided_view(self, value: LazyTensor) -> BufferRef | None:
         body = value.body()
