@@ -82,30 +82,19 @@ def guard_layouts(
     def guarded(args: list[Any]) -> Any:
         moved: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layout in checks:
-            index, size, stride, offset = layout.index, layout.size, layout.stride, layout.offset
-            x = args[index]
-            if not isinstance(x, torch.Tensor) or conforms(x, size, stride, offset):
-                continue  # (not a tensor: an effect token's place, which the wrapper ignores)
-            copy = laid_out(x, size, stride, offset)
-            log.debug(
-                "%s: input %d has strides %s at offset %d, compiled for %s at %d: copied",
-                graph,
-                index,
-                x.stride(),
-                x.storage_offset(),
-                stride,
+            offset = layout.offset
+            _conform(
+                args,
+                layout.index,
+                layout.size,
+                layout.stride,
                 offset,
+                offset,
+                layout.written,
+                moved,
+                graph,
             )
-            if layout.written:
-                moved.append((x, copy))
-            args[index] = copy
-        if not moved:
-            return call(args)
-        result = call(args)
-        with torch.no_grad():
-            for original, copy in moved:
-                original.copy_(copy)
-        return result
+        return _call_writing_back(call, args, moved)
 
     return guarded
 
@@ -127,31 +116,61 @@ def guard_symbolic_layouts(
 
     def guarded(args: list[Any]) -> Any:
         values = {symbol_name(s): v for s, v in bind_symbols(program, args).items()}
-        moved = []
+        moved: list[tuple[torch.Tensor, torch.Tensor]] = []
         for index, is_written, own_offset, evaluate in checks:
-            x = args[index]
             size, stride, offset = evaluate(**values)
-            if not isinstance(x, torch.Tensor) or conforms(x, size, stride, offset):
-                continue
-            log.debug(
-                "%s: input %d has strides %s, compiled for %s: copied",
-                graph,
-                index,
-                x.stride(),
-                stride,
-            )
             # an offset of the input's own is read again from the copy: start it at 0
-            copy = laid_out(x, size, stride, 0 if own_offset else offset)
-            if is_written:
-                moved.append((x, copy))
-            args[index] = copy
-        result = call(args)
+            copy_offset = 0 if own_offset else offset
+            _conform(args, index, size, stride, offset, copy_offset, is_written, moved, graph)
+        return _call_writing_back(call, args, moved)
+
+    return guarded
+
+
+def _conform(
+    args: list[Any],
+    index: int,
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: int,
+    copy_offset: int,
+    written: bool,
+    moved: list[tuple[torch.Tensor, torch.Tensor]],
+    graph: str,
+) -> None:
+    """Replace `args[index]` by a copy with the layout where it does not conform to it
+    (a copy at `copy_offset`), noting a written input in `moved` to be copied back.
+    A non-tensor (an effect token's place, which the wrapper ignores) is left alone."""
+    x = args[index]
+    if not isinstance(x, torch.Tensor) or conforms(x, size, stride, offset):
+        return
+    log.debug(
+        "%s: input %d has strides %s at offset %d, compiled for %s at %d: copied",
+        graph,
+        index,
+        x.stride(),
+        x.storage_offset(),
+        tuple(stride),
+        offset,
+    )
+    copy = laid_out(x, size, stride, copy_offset)
+    if written:
+        moved.append((x, copy))
+    args[index] = copy
+
+
+def _call_writing_back(
+    call: Callable[[list[Any]], Any],
+    args: list[Any],
+    moved: list[tuple[torch.Tensor, torch.Tensor]],
+) -> Any:
+    """`call(args)`, then each written input's copy back into the input itself."""
+    result = call(args)
+    if moved:
         with torch.no_grad():
             for original, copy in moved:
                 original.copy_(copy)
-        return result
-
-    return guarded
+    return result
 
 
 def _own_offset(entry: InputBuffer) -> bool:

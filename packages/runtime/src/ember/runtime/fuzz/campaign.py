@@ -13,10 +13,11 @@ would) is then a 'crash' finding of its seed, and the campaign goes on.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,25 +136,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ember.runtime.fuzz.parallel import serve
 
         return serve(args.out, args.device, args.max_steps)
+    run: Callable[..., CampaignResult] = fuzz
     if args.workers > 0:
         from ember.runtime.fuzz.parallel import fuzz_in_workers
 
-        result = fuzz_in_workers(
-            seeds,
-            workers=args.workers,
-            out_dir=args.out,
-            time_budget_s=args.time_budget,
-            device=args.device,
-            max_steps=args.max_steps,
-        )
-    else:
-        result = fuzz(
-            seeds,
-            out_dir=args.out,
-            time_budget_s=args.time_budget,
-            device=args.device,
-            max_steps=args.max_steps,
-        )
+        run = functools.partial(fuzz_in_workers, workers=args.workers)
+    result = run(
+        seeds,
+        out_dir=args.out,
+        time_budget_s=args.time_budget,
+        device=args.device,
+        max_steps=args.max_steps,
+    )
     for f in result.failures:
         print(f"seed {f.seed}: {f.kind} ({f.steps_before} -> {f.steps_after} steps): {f.detail}")
         print(f"    reproducer: {f.reproducer}")
