@@ -569,3 +569,23 @@ def test_recompute_is_on_for_cuda_graphs_by_default() -> None:
         assert recompute_shared(cpu)
     with config.scope(recompute="off"):
         assert not recompute_shared(cuda)
+
+
+def test_a_lazily_compiled_backward_uses_its_forwards_settings() -> None:
+    """One set of settings per backend call: the CPU backward compiles lazily, at the
+    first backward call, after the `config.scope` of the forward has ended; it still
+    compiles with the forward's settings (here: ATen kernels only)."""
+    from ember.runtime.compiler import compile_records
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: (x.sin() * 2).sum(), backend="ember")
+    x = torch.randn(8, requires_grad=True)
+    first = len(compile_records)
+    with config.scope(kernels="extern", backward="lazy", strict=True):
+        loss = compiled(x)
+    assert [r.graph.split("_")[0] for r in compile_records[first:]] == ["forward"]
+    loss.backward()  # compiles the backward now, outside the scope
+    records = compile_records[first:]
+    assert [r.graph.split("_")[0] for r in records] == ["forward", "backward"]
+    assert all(r.fused_kernels == 0 and r.ran_eagerly is None for r in records)
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())

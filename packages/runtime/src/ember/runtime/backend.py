@@ -38,12 +38,24 @@ from ember.runtime.config import EmberConfigError, config
 log = logging.getLogger(__name__)
 
 
-def _compiler(kind: str) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
-    return functools.partial(_compile_kind, kind=kind)
+def _compiler(
+    kind: str, settings: dict[str, Any]
+) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
+    return functools.partial(_compile_kind, kind=kind, settings=settings)
 
 
-def _compile_kind(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, kind: str) -> Any:
-    return compile_graph(gm, example_inputs, name=kind)
+def _compile_kind(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    kind: str,
+    settings: dict[str, Any],
+) -> Any:
+    """One graph of a backend call, compiled with the settings of that call: a backward
+    compiled lazily, at the first backward call, uses its forward's settings, not
+    whatever the environment or a `config.scope` says by then."""
+    with config.frozen(settings):
+        return compile_graph(gm, example_inputs, name=kind)
 
 
 def partition_fn(device_type: str = "cuda") -> Callable[..., Any]:
@@ -133,6 +145,7 @@ def _channels_last_then(
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
     config.validate()  # before anything reads a setting, so that the first bad one raises
+    settings = config.snapshot()  # one set of settings for every graph of this call
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
     if config.kernels == "auto" and on_cuda:
@@ -142,9 +155,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
     # SDPA's own backward too (after the split, the saved softmax blocks the ATen pattern).
     gm = rewrite_attention_pregrad(gm).graph_module
     options: dict[str, Any] = dict(
-        fw_compiler=_compiler("forward"),
-        bw_compiler=_compiler("backward"),
-        inference_compiler=_compiler("inference"),
+        fw_compiler=_compiler("forward", settings),
+        bw_compiler=_compiler("backward", settings),
+        inference_compiler=_compiler("inference", settings),
         decompositions=aot_decompositions(),
         partition_fn=_channels_last_then(
             partition_fn("cuda" if on_cuda else "cpu"), config.layout_devices

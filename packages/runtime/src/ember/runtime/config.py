@@ -369,6 +369,21 @@ class EmberConfig:
         finally:
             self._overrides = saved
 
+    def snapshot(self) -> dict[str, Any]:
+        """Every setting's value now (the environment under the overrides in force):
+        what a backend call compiles its graphs with, however late (see `frozen`)."""
+        return {name: self.get(name) for name in KNOBS}
+
+    @contextmanager
+    def frozen(self, snapshot: dict[str, Any]) -> Iterator[EmberConfig]:
+        """The settings of `snapshot` (values already parsed) inside a `with` block."""
+        saved = dict(self._overrides)
+        self._overrides.update(snapshot)
+        try:
+            yield self
+        finally:
+            self._overrides = saved
+
     def errors(self) -> dict[str, EmberConfigError]:
         """The settings whose value is not valid, with the error reading each raises."""
         found = {}
