@@ -11,6 +11,7 @@ called with the kernel's buffer arguments then its size arguments.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -106,10 +107,18 @@ def scheduling_choices(devices: set[torch.device]) -> DeviceChoices:
 
         return CPP_CHOICES
     if types == {"cuda"}:
-        from ember.codegen.triton import TRITON_CHOICES
+        from ember.codegen.triton import triton_choices
 
-        return TRITON_CHOICES
+        return triton_choices(multiprocessors(min(devices, key=str)))
     return DEFAULT_CHOICES
+
+
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The GPU's multiprocessor count, read off the device once (split reductions aim
+    at a number of programs per multiprocessor)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def wants_loops(devices: set[torch.device], mode: str) -> bool:

@@ -27,6 +27,7 @@ __all__ = [
     "UnsupportedKernelError",
     "plan_kernel",
     "render_kernel",
+    "triton_choices",
 ]
 
 
@@ -37,11 +38,19 @@ __all__ = [
 # COLUMN_XBLOCK outputs for a column reduction (plan.py's first column tile) and per
 # output for a row one; each chunk reduces at least 256 elements. A column sum of
 # [32768, 4096] becomes 32 chunks of 1024 rows: 2048 programs instead of 64.
-GPU_SMS = 132
-TRITON_CHOICES = DeviceChoices(
-    max_inline_ops=24,
-    split_workers=GPU_SMS * 16,
-    split_column_width=COLUMN_XBLOCK,
-    split_min_chunk=256,
-    split_max_chunks=1024,
-)
+GPU_SMS = 132  # the default where no device is at hand to ask
+
+
+def triton_choices(sms: int = GPU_SMS) -> DeviceChoices:
+    """The scheduling choices for a GPU of `sms` multiprocessors (the runtime reads the
+    count off the device)."""
+    return DeviceChoices(
+        max_inline_ops=24,
+        split_workers=max(1, sms) * 16,
+        split_column_width=COLUMN_XBLOCK,
+        split_min_chunk=256,
+        split_max_chunks=1024,
+    )
+
+
+TRITON_CHOICES = triton_choices()
