@@ -362,12 +362,8 @@ class EmberConfig:
             raise KeyError(f"unknown ember settings {sorted(unknown)}; known: {sorted(KNOBS)}")
         # parsed here, so that a bad value fails at the `with`, not in a compile later
         parsed = {name: KNOBS[name].accept(name, value) for name, value in overrides.items()}
-        saved = dict(self._overrides)
-        self._overrides.update(parsed)
-        try:
+        with self.frozen(parsed):
             yield self
-        finally:
-            self._overrides = saved
 
     def snapshot(self) -> dict[str, Any]:
         """Every setting's value now (the environment under the overrides in force):
@@ -376,7 +372,8 @@ class EmberConfig:
 
     @contextmanager
     def frozen(self, snapshot: dict[str, Any]) -> Iterator[EmberConfig]:
-        """The settings of `snapshot` (values already parsed) inside a `with` block."""
+        """The settings of `snapshot` (values already parsed; others as they were)
+        inside a `with` block."""
         saved = dict(self._overrides)
         self._overrides.update(snapshot)
         try:
