@@ -23,7 +23,7 @@ with the call's size symbols through Python functions generated once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 import torch.fx
 
 from ember.graphpasses.effects import written_args
-from ember.ir import InputBuffer, Program, bind_symbols, conforms, laid_out, offset_symbol
+from ember.ir import InputBuffer, Program, bind_symbols, conforms, laid_out
 from ember.runtime.pyexpr import pyexpr, symbol_name
 
 log = logging.getLogger(__name__)
@@ -52,22 +52,29 @@ def static_layouts(program: Program, gm: torch.fx.GraphModule) -> list[InputLayo
     """The assumed layout of every tensor input of `program` (lowered from `gm`) whose
     layout is static (`Layout.is_static`): exactly the inputs whose offset the
     kernels bake."""
+    return [
+        InputLayout(
+            index,
+            tuple(int(v) for v in entry.layout.size),
+            tuple(int(v) for v in entry.layout.stride),
+            int(entry.layout.offset),
+            written,
+        )
+        for index, entry, written in _tensor_inputs(program, gm)
+        if entry.layout.is_static
+    ]
+
+
+def _tensor_inputs(
+    program: Program, gm: torch.fx.GraphModule
+) -> Iterator[tuple[int, InputBuffer, bool]]:
+    """(position, input, whether the graph writes it) for each tensor input of
+    `program`, lowered from `gm` (one program input per placeholder)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     written = {arg for node in gm.graph.nodes for arg in written_args(node)}
-    layouts = []
     for index, (entry, node) in enumerate(zip(program.inputs, placeholders, strict=True)):
-        if isinstance(entry, InputBuffer) and entry.layout.is_static:
-            layout = entry.layout
-            layouts.append(
-                InputLayout(
-                    index,
-                    tuple(int(v) for v in layout.size),
-                    tuple(int(v) for v in layout.stride),
-                    int(layout.offset),
-                    node in written,
-                )
-            )
-    return layouts
+        if isinstance(entry, InputBuffer):
+            yield index, entry, node in written
 
 
 def guard_layouts(
@@ -105,23 +112,22 @@ def guard_symbolic_layouts(
     """`call`, taking any input with a symbolic layout that does not conform to it
     (evaluated with the call's size symbols) as a copy that does, and copying written
     ones back."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    written = {arg for node in gm.graph.nodes for arg in written_args(node)}
-    checks: list[tuple[int, bool, bool, Callable[..., tuple[Any, Any, Any]]]] = []
-    for index, (entry, node) in enumerate(zip(program.inputs, placeholders, strict=True)):
-        if isinstance(entry, InputBuffer) and not entry.layout.is_static:
-            checks.append((index, node in written, _own_offset(entry), _evaluator(entry)))
+    checks = [
+        (index, written, _evaluator(entry))
+        for index, entry, written in _tensor_inputs(program, gm)
+        if not entry.layout.is_static
+    ]
     if not checks:
         return call
 
     def guarded(args: list[Any]) -> Any:
         values = {symbol_name(s): v for s, v in bind_symbols(program, args).items()}
         moved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for index, is_written, own_offset, evaluate in checks:
+        for index, written, evaluate in checks:
             size, stride, offset = evaluate(**values)
-            # an offset of the input's own is read again from the copy: start it at 0
-            copy_offset = 0 if own_offset else offset
-            _conform(args, index, size, stride, offset, copy_offset, is_written, moved, graph)
+            # the offset of such an input is its own (`Layout.runtime_offset`), read
+            # again from the copy by the wrapper: the copy starts at 0
+            _conform(args, index, size, stride, offset, 0, written, moved, graph)
         return _call_writing_back(call, args, moved)
 
     return guarded
@@ -171,11 +177,6 @@ def _call_writing_back(
             for original, copy in moved:
                 original.copy_(copy)
     return result
-
-
-def _own_offset(entry: InputBuffer) -> bool:
-    """Whether the input's storage offset is its own size symbol (`offset_symbol`)."""
-    return bool(entry.layout.offset == offset_symbol(entry.name))
 
 
 def _evaluator(entry: InputBuffer) -> Callable[..., tuple[Any, Any, Any]]:
