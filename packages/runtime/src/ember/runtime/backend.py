@@ -33,7 +33,7 @@ from ember.graphpasses import (
 from ember.graphpasses.graph_edit import output_node
 from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
-from ember.runtime.config import EmberConfigError, config
+from ember.runtime.config import KNOBS, EmberConfigError, config
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,55 @@ def _compile_kind(
     compiled lazily, at the first backward call, uses its forward's settings, not
     whatever the environment or a `config.scope` says by then."""
     with config.frozen(settings):
-        return compile_graph(gm, example_inputs, name=kind)
+        static = _static_inputs() if kind != "backward" else ()
+        return compile_graph(gm, example_inputs, name=kind, static_inputs=static)
+
+
+def _static_inputs() -> list[int]:
+    """The positions of the graph being compiled's inputs that AOTAutograd knows keep
+    their address across calls (parameters and buffers), from its tracing context;
+    none where torch records no such list."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    indices = getattr(metadata, "static_input_indices", None)
+    return list(indices) if indices else []
+
+
+# torch.compile's `mode`, as ember settings: CUDA graphs are what "reduce-overhead"
+# asks for; the other modes ask for autotuning ember does by default.
+MODES: dict[str, dict[str, str]] = {
+    "default": {},
+    "reduce-overhead": {"cudagraphs": "on"},
+    "max-autotune": {"cudagraphs": "on"},
+    "max-autotune-no-cudagraphs": {"cudagraphs": "off"},
+}
+
+
+def call_settings(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The settings of one backend call: the environment's (under any `config.scope`),
+    then `torch.compile`'s `mode`, then its `options` (ember setting names, as
+    `config.scope` takes them: `options={"cudagraphs": "off", "strict": True}`).
+    An unknown mode or option, or a bad value, is an `EmberConfigError`."""
+    config.validate()  # before anything reads a setting, so that the first bad one raises
+    settings = config.snapshot()
+    if mode is not None:
+        if mode not in MODES:
+            raise EmberConfigError(
+                "mode", mode, f"one of {', '.join(map(repr, MODES))}",
+                given_as=f"torch.compile(mode={mode!r})",
+            )  # fmt: skip
+        settings.update(MODES[mode])
+    for name, value in (options or {}).items():
+        knob = KNOBS.get(name)
+        if knob is None:
+            raise EmberConfigError(
+                "options", name, f"an ember setting: one of {', '.join(sorted(KNOBS))}",
+                given_as=f"torch.compile(options={{{name!r}: ...}})",
+            )  # fmt: skip
+        settings[name] = knob.accept(name, value)
+    return settings
 
 
 def partition_fn(device_type: str = "cuda") -> Callable[..., Any]:
@@ -143,9 +191,24 @@ def _channels_last_then(
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
-    """Dynamo backend entry: AOTAutograd around ember's graph compiler."""
-    config.validate()  # before anything reads a setting, so that the first bad one raises
-    settings = config.snapshot()  # one set of settings for every graph of this call
+    """Dynamo backend entry: AOTAutograd around ember's graph compiler.
+
+    `torch.compile(..., mode=..., options=...)` arrive as keyword arguments
+    (`call_settings`); every graph of the call compiles with the one set of settings
+    they make."""
+    mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
+    kwargs.pop("name", None)  # torch.compile's name for the compiled region
+    settings = call_settings(mode, options)
+    with config.frozen(settings):
+        return _aot_call(gm, example_inputs, settings, kwargs)
+
+
+def _aot_call(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    settings: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> Any:
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
     if config.kernels == "auto" and on_cuda:

@@ -77,6 +77,7 @@ class CompileRecord:
     planned_peak_bytes: int = 0  # the memory plan's peak (size symbols counted as 64)
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
+    cudagraphs: str = "off"  # whether its calls replay CUDA graphs, or why not
 
     @property
     def seconds(self) -> float:
@@ -101,9 +102,17 @@ class CompiledGraph:
 
 
 def compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any] = (), *, name: str = "graph"
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any] = (),
+    *,
+    name: str = "graph",
+    static_inputs: Sequence[int] = (),
 ) -> CompiledGraph:
-    """Compile an ATen-level graph (nodes carry `meta['val']`) into a boxed callable."""
+    """Compile an ATen-level graph (nodes carry `meta['val']`) into a boxed callable.
+
+    `static_inputs` are the positions of inputs that keep their address from call to
+    call (parameters and buffers): a CUDA graph reads them in place
+    (ember.runtime.cudagraphs)."""
     config.validate()
     setup_logging()
     graph_name = f"{name}_{next(_graph_ids)}"
@@ -162,6 +171,7 @@ def compile_graph(
         graph_name,
     )
     call = _eager_on_shape_mismatch(call, eager_gm, record)
+    call = _graphed(call, eager_gm, record, static_inputs)
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked
 
@@ -291,6 +301,44 @@ def _eager_on_shape_mismatch(
             return eager(inputs)
 
     return run
+
+
+def _graphed(
+    call: Callable[[list[Any]], Any],
+    gm: torch.fx.GraphModule,
+    record: CompileRecord,
+    static_inputs: Sequence[int],
+) -> Callable[[list[Any]], Any]:
+    """`call`, replayed from CUDA graphs where `EMBER_CUDAGRAPHS` and the graph allow
+    (ember.runtime.cudagraphs); `record.cudagraphs` says what happened."""
+    setting = config.cudagraphs
+    if setting == "off" or not any(
+        isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_cuda
+        for n in gm.graph.nodes
+    ):
+        record.cudagraphs = "off" if setting == "off" else "no CUDA tensors"
+        return call
+    from ember.runtime import cudagraphs
+
+    blocker = cudagraphs.graph_blocker(gm, static_inputs, config.check)
+    if blocker is not None:
+        level = logging.WARNING if setting == "on" else logging.INFO
+        log.log(level, "CUDA graphs off for graph %s: %s", record.graph, blocker)
+        record.cudagraphs = f"off: {blocker}"
+        return call
+    record.cudagraphs = "waiting for a second call"
+
+    def note(state: str) -> None:
+        record.cudagraphs = state
+
+    return cudagraphs.GraphedCall(
+        call,
+        name=record.graph,
+        static_inputs=static_inputs,
+        device=cudagraphs.graph_device(gm),
+        loud=setting == "on",
+        on_record=note,
+    )
 
 
 def _eager_runner(gm: torch.fx.GraphModule) -> Callable[[list[Any]], Any]:

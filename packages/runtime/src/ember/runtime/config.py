@@ -235,6 +235,14 @@ KNOBS: dict[str, Knob[Any]] = {
         "the first backward call (no compile for a forward never differentiated); "
         "'auto' (default): eager for CUDA graphs, lazy for CPU ones.",
     ),
+    "cudagraphs": Knob(
+        "EMBER_CUDAGRAPHS",
+        lambda text: _choice(text, ("auto", "on", "off")),
+        lambda: "auto",
+        "Replay CUDA graphs' launches from recorded CUDA graphs: 'auto' (default) "
+        "where legal, saying why not in the info log; 'on' likewise, saying why not "
+        "as a warning (`mode=\"reduce-overhead\"`); 'off' never.",
+    ),
     "logs": Knob(
         "EMBER_LOGS",
         lambda text: _choice(text, ("", "warning", "info", "debug")),
@@ -349,6 +357,10 @@ class EmberConfig:
     @property
     def backward(self) -> str:
         return str(self.get("backward"))
+
+    @property
+    def cudagraphs(self) -> str:
+        return str(self.get("cudagraphs"))
 
     @property
     def logs(self) -> str:

@@ -1,0 +1,378 @@
+"""CUDA graphs around compiled graphs (`EMBER_CUDAGRAPHS`, `mode="reduce-overhead"`).
+
+A compiled graph's wrapper launches one kernel after another from Python: tens of
+microseconds of host time per launch, where a small model's kernels take a few each.
+A CUDA graph records the launches of one call once and replays them with one driver
+call. What makes that legal and how ember does it:
+
+- **When.** A graph is recorded only where its replay does what a call would: every
+  tensor on one CUDA device (a CPU tensor's value is read by the host when the
+  launch is recorded, and would be stale at every replay), no data-dependent sizes
+  or host syncs (`.item()`, `nonzero`: recording cannot wait for the device), no
+  write to an input that is not a parameter or buffer (the write would land in the
+  recording's copy of the input), and not under `EMBER_CHECK`. Otherwise the graph
+  runs its launches as before, and why is logged once per graph (`graph_blocker`).
+- **Inputs.** Parameters and buffers (AOTAutograd's static inputs) are read where
+  they live: their addresses are checked at each replay (one C call for all of them)
+  and a change records again. Every other tensor input is copied, at each replay,
+  into a buffer the recording owns, laid out as the input was when recorded.
+- **Outputs.** A replay writes its results into the same memory every time. Ember
+  copies each result out into memory of its own (one `_foreach_copy_`), so a tensor
+  handed to the user is never overwritten by a later replay, whatever the user keeps
+  and however calls interleave; results that are views of an input are rebuilt as
+  views of that input. The price is one copy of the outputs per call (for a
+  training forward, of what it saves for the backward); Inductor's CUDA graph trees
+  avoid it by tracking which results are still alive, at the cost of invalidating
+  tensors the user still holds. The copy is the simpler contract; the benchmarks
+  measure what it costs.
+- **Memory.** One pool per device, shared by every recording of the process (a
+  forward and its backward included): a recording's intermediate buffers are free
+  again when its replay ends, and the outputs leave the pool at once, so the next
+  recording can reuse them. Copied-input buffers live outside the pool.
+- **Sizes.** One recording per distinct set of input sizes (and strides of copied
+  inputs, and integer inputs), after one plain call with those sizes (which compiles
+  and tunes the kernels: recording cannot wait for the device), up to
+  `MAX_RECORDINGS` per graph; beyond that, calls run their launches plainly.
+- **Randomness.** The seed a graph draws per call comes from torch's CUDA generator,
+  which torch advances at each replay as a call would advance it, so seeded dropout
+  gives the same values graphed and not graphed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from ember.graphpasses.effects import written_args
+
+log = logging.getLogger("ember.runtime")
+
+MAX_RECORDINGS = 8  # per graph: distinct sizes, or parameters that moved
+# Ops whose result the host must wait for (or whose sizes depend on data): a recording
+# cannot contain them.
+_SYNCING_OPS = frozenset(
+    {
+        "aten._local_scalar_dense",
+        "aten.item",
+        "aten.nonzero",
+        "aten.masked_select",
+        "aten.unique",
+        "aten._unique",
+        "aten._unique2",
+        "aten.unique_consecutive",
+        "aten.unique_dim",
+        "aten.equal",
+        "aten.is_nonzero",
+    }
+)
+
+_pools: dict[int, Any] = {}
+_pools_lock = threading.Lock()
+
+
+def memory_pool(device: int) -> Any:
+    """The memory pool of every recording on CUDA device `device`."""
+    with _pools_lock:
+        pool = _pools.get(device)
+        if pool is None:
+            pool = _pools[device] = torch.cuda.graph_pool_handle()
+        return pool
+
+
+def _base_placeholders(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """The placeholders `node` may be a view of (a written view writes its base)."""
+    found: set[torch.fx.Node] = set()
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op == "placeholder":
+            found.add(current)
+        elif current.op == "call_function" and _returns_alias(current):
+            stack.extend(current.all_input_nodes)
+    return found
+
+
+def _returns_alias(node: torch.fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return True  # unknown: assume it may be a view
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def graph_blocker(gm: torch.fx.GraphModule, static_inputs: Sequence[int], check: str) -> str | None:
+    """Why the graph `gm` (ATen, `meta['val']` on its nodes) cannot be recorded as a
+    CUDA graph, or None where it can."""
+    if check != "off":
+        return "EMBER_CHECK runs each call eagerly as well"
+    devices: set[torch.device] = set()
+    for node in gm.graph.nodes:
+        values = node.meta.get("val")
+        for value in values if isinstance(values, list | tuple) else [values]:
+            if isinstance(value, torch.Tensor):
+                devices.add(value.device)
+            if free_unbacked_symbols(value):
+                return f"node {node.name} has a data-dependent size"
+        if node.op == "call_function":
+            packet = getattr(node.target, "overloadpacket", None)
+            qualified = str(packet).replace("::", ".") if packet is not None else ""
+            if qualified in _SYNCING_OPS:
+                return f"node {node.name} ({qualified}) waits for the device's result"
+    if any(d.type != "cuda" for d in devices):
+        return "the graph has CPU tensors"
+    if len(devices) != 1:
+        return "the graph has no CUDA tensor" if not devices else "the graph spans devices"
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    static = {placeholders[i] for i in static_inputs if i < len(placeholders)}
+    for node in gm.graph.nodes:
+        for written in written_args(node):
+            for base in _base_placeholders(written) - static:
+                return f"node {node.name} writes input {base.name}, which is not a parameter"
+    return None
+
+
+def graph_device(gm: torch.fx.GraphModule) -> int:
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            return value.device.index or 0
+    return torch.cuda.current_device()
+
+
+@dataclass
+class _Output:
+    """How one result of a recording reaches the caller at each replay."""
+
+    kind: str  # "value", "alias" (of input `index`), "copy" (into a fresh tensor), "bytes"
+    value: Any = None
+    index: int = 0  # the input aliased, or the byte buffer shared with other results
+    size: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    offset: int = 0
+
+
+class _Recording:
+    """One recorded call: its graph, the buffers its copied inputs go into, and how
+    its results are handed out."""
+
+    def __init__(
+        self,
+        call: Callable[[list[Any]], Any],
+        args: list[Any],
+        static: frozenset[int],
+        device: int,
+    ) -> None:
+        self.static_indices = sorted(i for i in static if isinstance(args[i], torch.Tensor))
+        self.static_pointers: list[int | None] = [None] * len(args)
+        for i in self.static_indices:
+            self.static_pointers[i] = args[i].data_ptr()
+        # copied inputs: (position, the recording's buffer, the part of it copied into)
+        self.copied: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        inputs = list(args)
+        for i, value in enumerate(args):
+            if isinstance(value, torch.Tensor) and i not in static:
+                buffer = torch.empty_strided(
+                    value.size(), value.stride(), dtype=value.dtype, device=value.device
+                )
+                target = _unexpanded(buffer)
+                target.copy_(_unexpanded(value))
+                self.copied.append((i, buffer, target))
+                inputs[i] = buffer
+        self.graph = torch.cuda.CUDAGraph()
+        with (
+            torch.cuda.device(device),
+            torch.cuda.graph(
+                self.graph, pool=memory_pool(device), capture_error_mode="thread_local"
+            ),
+        ):
+            results = call(list(inputs))
+        self.tuple_results = isinstance(results, tuple)
+        self.results = list(results) if isinstance(results, list | tuple) else [results]
+        self._plan(inputs)
+        self.copy_targets = [target for _, _, target in self.copied]
+
+    def _plan(self, inputs: list[Any]) -> None:
+        """Classify each result: a plain value, a view of an input, or pool memory
+        to copy out (whole tensors where they fill their storage, else the storage's
+        bytes, shared by every result in it)."""
+        owners = {
+            t.untyped_storage().data_ptr(): i
+            for i, t in enumerate(inputs)
+            if isinstance(t, torch.Tensor)
+        }
+        self.plan: list[_Output] = []
+        self.sources: list[torch.Tensor] = []  # what a replay copies out, in order
+        sharing: dict[int, int] = {}  # storage -> how many results live in it
+        for result in self.results:
+            if isinstance(result, torch.Tensor):
+                pointer = result.untyped_storage().data_ptr()
+                sharing[pointer] = sharing.get(pointer, 0) + 1
+        byte_buffers: dict[int, int] = {}  # storage -> its entry in `sources`
+        for result in self.results:
+            if not isinstance(result, torch.Tensor):
+                self.plan.append(_Output("value", result))
+                continue
+            storage = result.untyped_storage()
+            pointer = storage.data_ptr()
+            size, stride = tuple(result.size()), tuple(result.stride())
+            offset = int(result.storage_offset())
+            owner = owners.get(pointer)
+            if owner is not None:
+                relative = offset - int(inputs[owner].storage_offset())
+                self.plan.append(_Output("alias", None, owner, size, stride, relative))
+            elif sharing[pointer] == 1 and _fills_storage(result):
+                self.plan.append(_Output("copy", None, len(self.sources), size, stride, offset))
+                self.sources.append(result)
+            else:
+                if pointer not in byte_buffers:
+                    byte_buffers[pointer] = len(self.sources)
+                    whole = torch.empty(0, dtype=torch.uint8, device=result.device)
+                    self.sources.append(whole.set_(storage))
+                index = byte_buffers[pointer]
+                self.plan.append(_Output("bytes", result.dtype, index, size, stride, offset))
+
+    def statics_moved(self, args: list[Any]) -> bool:
+        return not _pointers_equal(args, self.static_pointers, self.static_indices)
+
+    def replay(self, args: list[Any]) -> Any:
+        if self.copied:
+            torch._foreach_copy_(
+                self.copy_targets, [_unexpanded(args[i]) for i, _, _ in self.copied]
+            )
+        self.graph.replay()
+        fresh = [torch.empty_like(s, memory_format=torch.preserve_format) for s in self.sources]
+        if fresh:
+            torch._foreach_copy_(fresh, self.sources)
+        out = []
+        for entry in self.plan:
+            kind = entry.kind
+            if kind == "copy":
+                out.append(fresh[entry.index])
+            elif kind == "value":
+                out.append(entry.value)
+            elif kind == "alias":
+                base = args[entry.index]
+                out.append(
+                    base.as_strided(entry.size, entry.stride, base.storage_offset() + entry.offset)
+                )
+            else:
+                raw = fresh[entry.index]
+                view = torch.empty(0, dtype=entry.value, device=raw.device)
+                out.append(view.set_(raw.untyped_storage(), entry.offset, entry.size, entry.stride))
+        args.clear()
+        return tuple(out) if self.tuple_results else out if len(out) != 1 else out[0]
+
+
+def _fills_storage(t: torch.Tensor) -> bool:
+    """Whether `t` is its storage's only content: dense, no gaps, offset 0."""
+    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        return False
+    expected = 1  # the dimensions, innermost first, must tile the storage exactly
+    for stride, size in sorted((st, n) for n, st in zip(t.size(), t.stride(), strict=True)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _unexpanded(t: torch.Tensor) -> torch.Tensor:
+    """`t` without the repeats of its broadcast dimensions (stride 0): a copy into
+    such a tensor would write one element many times, which torch refuses."""
+    if 0 not in t.stride():
+        return t
+    for dim, (n, s) in enumerate(zip(t.size(), t.stride(), strict=True)):
+        if s == 0 and n > 1:
+            t = t.narrow(dim, 0, 1)
+    return t
+
+
+def _pointers_equal(args: list[Any], pointers: list[int | None], indices: list[int]) -> bool:
+    if not indices:
+        return True
+    check = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+    if check is not None:
+        return bool(check(args, pointers, indices))
+    return all(args[i].data_ptr() == pointers[i] for i in indices)
+
+
+class GraphedCall:
+    """A compiled graph's boxed call, replayed from CUDA graphs where it can be."""
+
+    def __init__(
+        self,
+        call: Callable[[list[Any]], Any],
+        *,
+        name: str,
+        static_inputs: Sequence[int],
+        device: int,
+        loud: bool,
+        on_record: Callable[[str], None] | None = None,
+    ) -> None:
+        self._call = call
+        self._name = name
+        self._static = frozenset(static_inputs)
+        self._device = device
+        self._loud = loud
+        self._recordings: dict[tuple[Any, ...], _Recording] = {}
+        self._seen: set[tuple[Any, ...]] = set()
+        self._recorded = 0
+        self._stopped: str | None = None
+        self._on_record = on_record
+        self.replays = 0
+
+    def _key(self, args: list[Any]) -> tuple[Any, ...]:
+        static = self._static
+        return tuple(
+            (a.shape, a.stride(), a.dtype)
+            if isinstance(a, torch.Tensor)
+            else a
+            if i not in static
+            else None
+            for i, a in enumerate(args)
+        )
+
+    def __call__(self, args: list[Any]) -> Any:
+        if self._stopped is not None:
+            return self._call(args)
+        key = self._key(args)
+        recording = self._recordings.get(key)
+        if recording is not None and not recording.statics_moved(args):
+            self.replays += 1
+            return recording.replay(args)
+        if key not in self._seen:
+            # first call with these sizes: its launches compile and tune the kernels
+            self._seen.add(key)
+            return self._call(args)
+        if self._recorded >= MAX_RECORDINGS:
+            self._stop(f"{MAX_RECORDINGS} recordings made (sizes or parameter addresses vary)")
+            return self._call(args)
+        try:
+            recording = _Recording(self._call, args, self._static, self._device)
+        except Exception as exc:  # a call that cannot be recorded runs as before
+            self._stop(f"recording failed: {type(exc).__name__}: {exc}")
+            return self._call(args)
+        self._recorded += 1
+        self._recordings[key] = recording
+        if self._on_record is not None:
+            self._on_record(f"recorded {self._recorded}")
+        self.replays += 1
+        return recording.replay(args)
+
+    def _stop(self, reason: str) -> None:
+        self._stopped = reason
+        self._recordings.clear()
+        level = logging.WARNING if self._loud else logging.INFO
+        log.log(level, "CUDA graphs off for graph %s: %s", self._name, reason)
+        if self._on_record is not None:
+            self._on_record(f"off: {reason}")

@@ -1,0 +1,82 @@
+"""What decides whether a graph is recorded as a CUDA graph, checked without a GPU:
+`graph_blocker` on graphs traced with fake CUDA tensors, and torch.compile's `mode`
+and `options` as ember settings. The recordings themselves are tested on the GPU
+(tests/cuda/test_cudagraphs.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ember.runtime import cudagraphs
+from ember.runtime.backend import call_settings
+from ember.runtime.compiler import compile_records
+from ember.runtime.config import EmberConfigError, config
+
+
+def _traced(fn: Callable[..., Any], *shapes: tuple[int, ...], device: str = "cuda") -> Any:
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        inputs = [torch.empty(shape, device=device) for shape in shapes]
+        return make_fx(fn)(*inputs)
+
+
+def test_a_pure_cuda_graph_can_be_recorded() -> None:
+    gm = _traced(lambda x, w: torch.relu(x @ w), (4, 4), (4, 4))
+    assert cudagraphs.graph_blocker(gm, [], "off") is None
+
+
+def test_writing_an_input_blocks_unless_it_is_static() -> None:
+    def writes_a_view(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x[1:].mul_(2)
+        return x @ w
+
+    gm = _traced(writes_a_view, (4, 4), (4, 4))
+    assert "writes input x_1" in str(cudagraphs.graph_blocker(gm, [1], "off"))
+    assert cudagraphs.graph_blocker(gm, [0], "off") is None  # a buffer: written in place
+
+
+def test_cpu_tensors_syncs_and_check_block() -> None:
+    cpu = _traced(lambda x: x * 2, (4,), device="cpu")
+    assert cudagraphs.graph_blocker(cpu, [], "off") == "the graph has CPU tensors"
+    mixed = _traced(lambda x: x.cpu() * 2, (4,))
+    assert cudagraphs.graph_blocker(mixed, [], "off") == "the graph has CPU tensors"
+    syncs = _traced(lambda x: x.sum(), (4,))
+    (total,) = [n for n in syncs.graph.nodes if n.op == "call_function"]
+    with syncs.graph.inserting_after(total):
+        syncs.graph.call_function(torch.ops.aten._local_scalar_dense.default, (total,))
+    assert "waits for the device" in str(cudagraphs.graph_blocker(syncs, [], "off"))
+    fine = _traced(lambda x: x * 2, (4,))
+    assert "EMBER_CHECK" in str(cudagraphs.graph_blocker(fine, [], "raise"))
+
+
+def test_mode_and_options_become_settings() -> None:
+    assert call_settings(None, None)["cudagraphs"] == config.cudagraphs
+    assert call_settings("reduce-overhead", None)["cudagraphs"] == "on"
+    assert call_settings("max-autotune-no-cudagraphs", None)["cudagraphs"] == "off"
+    settings = call_settings("reduce-overhead", {"cudagraphs": "off", "strict": True})
+    assert settings["cudagraphs"] == "off" and settings["strict"] is True
+    with pytest.raises(EmberConfigError, match=r"torch.compile\(mode='fastest'\)"):
+        call_settings("fastest", None)
+    with pytest.raises(EmberConfigError, match=r"options=\{'cuda_graphs'"):
+        call_settings(None, {"cuda_graphs": "on"})
+    with pytest.raises(EmberConfigError, match="EMBER_CUDAGRAPHS"):
+        call_settings(None, {"cudagraphs": "sometimes"})
+
+
+def test_options_reach_the_compile_and_a_bad_mode_is_an_error() -> None:
+    start = len(compile_records)
+    compiled = torch.compile(lambda x: x.exp() + 1, backend="ember", options={"kernels": "extern"})
+    x = torch.randn(8)
+    torch.testing.assert_close(compiled(x), x.exp() + 1)
+    (record,) = compile_records[start:]
+    assert record.fused_kernels == 0  # 'extern': ATen kernels only
+    assert record.cudagraphs == "no CUDA tensors"
+    torch._dynamo.reset()
+    bad = torch.compile(lambda x: x + 1, backend="ember", mode="fastest")
+    with pytest.raises(Exception, match="mode='fastest'"):
+        bad(x)

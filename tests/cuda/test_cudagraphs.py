@@ -1,0 +1,227 @@
+"""CUDA graphs under backend="ember" (ember.runtime.cudagraphs), on a GPU: replays give
+eager's values, results held across calls keep theirs, each reason not to record is
+taken and said, sizes and parameters that change record again, seeded randomness is
+the same graphed and not graphed, and a training loop with an optimizer ends where
+the same loop without graphs ends."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ember.runtime  # noqa: F401  # registers backend="ember"
+from ember.runtime import cudagraphs
+from ember.runtime.compiler import CompileRecord, compile_records
+from ember.runtime.config import config
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path: Path) -> Iterator[None]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    with config.scope(cache_dir=tmp_path / "cache", strict=True):
+        yield
+    torch._dynamo.reset()
+
+
+def _records_of(run: Callable[[], Any]) -> list[CompileRecord]:
+    start = len(compile_records)
+    run()
+    return compile_records[start:]
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).cuda()
+
+
+def test_inference_replays_with_eager_values_and_held_results_keep_theirs() -> None:
+    model = _mlp().eval()
+    compiled = torch.compile(model, backend="ember")
+    inputs = [torch.randn(16, 64, device="cuda") for _ in range(5)]
+    held = []
+    with torch.no_grad():
+        records = _records_of(lambda: held.extend(compiled(x) for x in inputs))
+        expected = [model(x) for x in inputs]
+    assert [r.cudagraphs for r in records] == ["recorded 1"]
+    for got, want in zip(held, expected, strict=True):  # none overwritten by a later replay
+        torch.testing.assert_close(got, want)
+    assert len({t.data_ptr() for t in held}) == len(held)
+
+
+def test_each_reason_not_to_record_is_recorded_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def writes_input(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    def data_dependent(x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0] * 2
+
+    def syncs(x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item()
+
+    def on_cpu(x: torch.Tensor) -> torch.Tensor:
+        return (x.cpu() * 2).sum()
+
+    cases = {
+        "writes input": writes_input,
+        "data-dependent size": data_dependent,
+        "waits for the device": syncs,
+        "CPU tensors": on_cpu,
+    }
+    dynamo = torch._dynamo.config
+    with (
+        caplog.at_level(logging.INFO, logger="ember.runtime"),
+        dynamo.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True),
+    ):
+        for expected, fn in cases.items():
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend="ember", fullgraph=True)
+            x = torch.randn(8, device="cuda")
+            start = len(compile_records)
+            for _ in range(3):
+                mine, theirs = x.clone(), x.clone()
+                torch.testing.assert_close(compiled(mine), fn(theirs))
+                torch.testing.assert_close(mine, theirs)
+            records = compile_records[start:]
+            states = [r.cudagraphs for r in records]
+            assert states and all(expected in s for s in states), (expected, states)
+            assert any(expected in m for m in caplog.messages), expected
+    with config.scope(check="raise"):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: x.sin() + 1, backend="ember")
+        records = _records_of(lambda: compiled(torch.randn(8, device="cuda")))
+        assert "EMBER_CHECK" in records[0].cudagraphs
+
+
+def test_mode_reduce_overhead_warns_where_it_cannot_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def writes_input(x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return x + 1
+
+    compiled = torch.compile(writes_input, backend="ember", mode="reduce-overhead")
+    with caplog.at_level(logging.WARNING, logger="ember.runtime"):
+        compiled(torch.randn(8, device="cuda"))
+    assert any(
+        r.levelno == logging.WARNING and "CUDA graphs off" in r.message for r in caplog.records
+    )
+    torch._dynamo.reset()
+    off = torch.compile(lambda x: x.cos() * 3, backend="ember", options={"cudagraphs": "off"})
+    records = _records_of(lambda: [off(torch.randn(8, device="cuda")) for _ in range(3)])
+    assert [r.cudagraphs for r in records] == ["off"]
+
+
+def test_a_buffer_written_in_place_is_graphed_and_updated_each_call() -> None:
+    class Counter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("calls", torch.zeros((), device="cuda"))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls.add_(1)
+            return x * self.calls
+
+    model = Counter()
+    compiled = torch.compile(model, backend="ember")
+    x = torch.ones(4, device="cuda")
+    with torch.no_grad():
+        records = _records_of(lambda: [compiled(x) for _ in range(4)])
+        out = compiled(x)
+    assert records[0].cudagraphs == "recorded 1"
+    assert model.calls.item() == 5
+    torch.testing.assert_close(out, torch.full((4,), 5.0, device="cuda"))
+
+
+def test_new_sizes_record_again_up_to_the_limit() -> None:
+    compiled = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="ember", dynamic=True)
+    sizes = range(3, 3 + cudagraphs.MAX_RECORDINGS + 2)
+    start = len(compile_records)
+    for n in sizes:
+        for _ in range(3):
+            x = torch.randn(n, 16, device="cuda")
+            torch.testing.assert_close(compiled(x), torch.softmax(x * 2, -1))
+    records = compile_records[start:]
+    assert len(records) == 1
+    assert records[0].cudagraphs.startswith(f"off: {cudagraphs.MAX_RECORDINGS} recordings")
+
+
+def test_new_parameter_addresses_record_again() -> None:
+    model = _mlp().eval()
+    compiled = torch.compile(model, backend="ember")
+    x = torch.randn(4, 64, device="cuda")
+    with torch.no_grad():
+        records = _records_of(lambda: [compiled(x) for _ in range(3)])
+        for parameter in model.parameters():  # new storage, same values plus one
+            parameter.data = parameter.data + 1
+        got = [compiled(x) for _ in range(3)]
+        want = model(x)
+    for value in got:
+        torch.testing.assert_close(value, want)
+    assert records[0].cudagraphs == "recorded 2"
+
+
+def test_seeded_dropout_is_the_same_graphed_and_not() -> None:
+    def run(setting: str) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        model = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.5)).cuda()
+        model.load_state_dict(state)
+        compiled = torch.compile(model, backend="ember", options={"cudagraphs": setting})
+        torch.manual_seed(123)
+        x = torch.ones(8, 32, device="cuda")
+        with torch.no_grad():
+            return [compiled(x) for _ in range(4)]
+
+    state = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.5)).cuda().state_dict()
+    graphed, plain = run("on"), run("off")
+    for a, b in zip(graphed, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.equal(graphed[2], graphed[3])  # each replay draws new numbers
+
+
+def _train(setting: str, steps: int = 20) -> tuple[list[float], list[torch.Tensor]]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(64, 128), nn.LayerNorm(128), nn.GELU(), nn.Dropout(0.1), nn.Linear(128, 10)
+    ).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    compiled = torch.compile(model, backend="ember", options={"cudagraphs": setting})
+    data = torch.Generator(device="cuda").manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(32, 64, device="cuda", generator=data)
+        target = torch.randint(0, 10, (32,), device="cuda", generator=data)
+        loss = nn.functional.cross_entropy(compiled(x), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_training_loop_ends_where_the_plain_loop_ends() -> None:
+    start = len(compile_records)
+    graphed_losses, graphed_params = _train("on")
+    records = compile_records[start:]
+    kinds = {r.graph.split("_")[0]: r.cudagraphs for r in records}
+    assert kinds.get("forward", "").startswith("recorded"), kinds
+    assert kinds.get("backward", "").startswith("recorded"), kinds
+    assert len(cudagraphs._pools) == 1  # forward and backward share the device's pool
+    plain_losses, plain_params = _train("off")
+    torch.testing.assert_close(graphed_losses, plain_losses, rtol=1e-5, atol=1e-6)
+    for a, b in zip(graphed_params, plain_params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
