@@ -53,10 +53,10 @@ def _record_graphs(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     seen: dict[str, list[str]] = {}
     real = backend.compile_graph
 
-    def recording(gm: torch.fx.GraphModule, example_inputs: Any, *, name: str) -> Any:
+    def recording(gm: torch.fx.GraphModule, example_inputs: Any, *, name: str, **kw: Any) -> Any:
         targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
         seen[name] = targets
-        return real(gm, example_inputs, name=name)
+        return real(gm, example_inputs, name=name, **kw)
 
     monkeypatch.setattr(backend, "compile_graph", recording)
     return seen

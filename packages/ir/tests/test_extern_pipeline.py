@@ -86,3 +86,18 @@ def test_verifier_rejects_a_dangling_read() -> None:
     program.nodes.insert(0, MultiOutput("bogus", "nowhere", 0, None))
     with pytest.raises(VerificationError, match="'nowhere'"):
         verify(program)
+
+
+def test_a_copy_between_devices_is_an_intentional_extern_never_a_fused_read() -> None:
+    """`x.cpu()` of a CUDA input, then CPU math: the copy is an ATen call even with
+    loops on and fallbacks off; fused into the CPU kernel, the kernel read the CUDA
+    pointer on the host (a crash)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(8, device="cuda")
+        gm = make_fx(lambda x: (x.cpu() * 2).sum())(x)
+    program = lower_graph(gm, options=LoweringOptions(loops=True, allow_fallback=False))
+    text = format_program(program)
+    assert "extern aten._to_copy.default(x_1" in text, text
+    assert "[fallback]" not in text.split("_to_copy", 1)[1].split("\n", 1)[0]

@@ -93,10 +93,10 @@ def test_a_backward_that_fails_to_compile_fails_the_backward_not_the_forward(
 
     real = backend.compile_graph
 
-    def failing_backward(gm: Any, example_inputs: Any, *, name: str = "graph") -> Any:
+    def failing_backward(gm: Any, example_inputs: Any, *, name: str, **kwargs: Any) -> Any:
         if name == "backward":
             raise RuntimeError("backward compile failed on purpose")
-        return real(gm, example_inputs, name=name)
+        return real(gm, example_inputs, name=name, **kwargs)
 
     monkeypatch.setattr(backend, "compile_graph", failing_backward)
     model = MLP(16, 32, 4)
@@ -130,13 +130,13 @@ def test_min_cut_partitioner_saves_fewer_activations_and_matches_eager(
     real = backend.compile_graph
     partitioner = ""
 
-    def recording(gm: torch.fx.GraphModule, example_inputs: Any, name: str) -> Any:
+    def recording(gm: torch.fx.GraphModule, example_inputs: Any, name: str, **kw: Any) -> Any:
         if name == "forward":
             (result,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
             # after the model's output: the values saved for the backward, less the
             # primals (parameters and inputs), which are kept alive anyway
             saved[partitioner] = [str(v) for v in result[1:] if "primals" not in str(v)]
-        return real(gm, example_inputs, name=name)
+        return real(gm, example_inputs, name=name, **kw)
 
     monkeypatch.setattr(backend, "compile_graph", recording)
     for partitioner in ("mincut", "save-all"):

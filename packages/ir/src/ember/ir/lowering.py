@@ -223,7 +223,8 @@ class GraphLowering:
                 "node has no meta['val']; run FakeTensorProp or trace with make_fx first",
             )
         declined = ""
-        if self.options.loops:
+        moves = _moves_between_devices(node)
+        if self.options.loops and not moves:
             lowering = LOWERINGS.get(node.target) or inplace_lowering(node.target)
             if lowering is not None and not _has_complex(node):
                 try:
@@ -232,7 +233,7 @@ class GraphLowering:
                     return self._maybe_realize(node, result)
                 except NotLowerable as why:
                     declined = f" (its lowering declined: {why})"
-        intentional = node.target.overloadpacket in INTENTIONAL_EXTERNS
+        intentional = moves or node.target.overloadpacket in INTENTIONAL_EXTERNS
         if not intentional:
             op_name = str(node.target)
             if not self.options.allow_fallback:
@@ -778,6 +779,25 @@ def int_arg(value: Any) -> int:
 def list_arg(value: Any) -> list[Any]:
     """A list argument of an FX node."""
     return list(value)
+
+
+_COPIES = frozenset({"_to_copy", "copy", "copy_", "to", "_copy_from", "_copy_from_and_resize"})
+
+
+def _moves_between_devices(node: torch.fx.Node) -> bool:
+    """Whether `node` copies data from one device to another (`x.cpu()`, `x.cuda()`,
+    a `copy_` across devices): an ATen call on purpose, never a fused kernel, which
+    would read one device's memory from the other's code (a C++ kernel reading a
+    CUDA pointer crashed the process)."""
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet is None or packet.__name__ not in _COPIES:
+        return False
+    devices = {
+        v.device
+        for v in [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+        if isinstance(v, torch.Tensor)
+    }
+    return len(devices) > 1
 
 
 def _has_complex(node: torch.fx.Node) -> bool:

@@ -78,12 +78,24 @@ _pools_lock = threading.Lock()
 
 
 def memory_pool(device: int) -> Any:
-    """The memory pool of every recording on CUDA device `device`."""
+    """The memory pool of every recording on CUDA device `device`.
+
+    Torch frees a pool when the last graph recorded into it is destroyed, and a
+    handle recorded into after that trips an internal assertion of its allocator
+    (seen on torch 2.11 once a test's graphs were dropped). So each pool gets an
+    empty graph of its own, recorded once and kept for the process."""
     with _pools_lock:
-        pool = _pools.get(device)
-        if pool is None:
-            pool = _pools[device] = torch.cuda.graph_pool_handle()
-        return pool
+        entry = _pools.get(device)
+        if entry is None:
+            pool = torch.cuda.graph_pool_handle()
+            keeper = torch.cuda.CUDAGraph()
+            with (
+                torch.cuda.device(device),
+                torch.cuda.graph(keeper, pool=pool, capture_error_mode="thread_local"),
+            ):
+                pass
+            entry = _pools[device] = (pool, keeper)
+        return entry[0]
 
 
 def _base_placeholders(node: torch.fx.Node) -> set[torch.fx.Node]:
@@ -195,8 +207,8 @@ class _Recording:
             ),
         ):
             results = call(list(inputs))
-        self.tuple_results = isinstance(results, tuple)
-        self.results = list(results) if isinstance(results, list | tuple) else [results]
+        self.container = type(results) if isinstance(results, list | tuple) else None
+        self.results = list(results) if self.container is not None else [results]
         self._plan(inputs)
         self.copy_targets = [target for _, _, target in self.copied]
 
@@ -244,14 +256,19 @@ class _Recording:
         return not _pointers_equal(args, self.static_pointers, self.static_indices)
 
     def replay(self, args: list[Any]) -> Any:
-        if self.copied:
-            torch._foreach_copy_(
-                self.copy_targets, [_unexpanded(args[i]) for i, _, _ in self.copied]
-            )
+        copied = self.copied
+        if len(copied) == 1:  # one op is cheaper than a list op of one
+            copied[0][2].copy_(_unexpanded(args[copied[0][0]]))
+        elif copied:
+            torch._foreach_copy_(self.copy_targets, [_unexpanded(args[i]) for i, _, _ in copied])
         self.graph.replay()
-        fresh = [torch.empty_like(s, memory_format=torch.preserve_format) for s in self.sources]
-        if fresh:
-            torch._foreach_copy_(fresh, self.sources)
+        sources = self.sources
+        if len(sources) == 1:
+            fresh = [sources[0].clone(memory_format=torch.preserve_format)]
+        else:
+            fresh = [torch.empty_like(s, memory_format=torch.preserve_format) for s in sources]
+            if fresh:
+                torch._foreach_copy_(fresh, sources)
         out = []
         for entry in self.plan:
             kind = entry.kind
@@ -269,7 +286,9 @@ class _Recording:
                 view = torch.empty(0, dtype=entry.value, device=raw.device)
                 out.append(view.set_(raw.untyped_storage(), entry.offset, entry.size, entry.stride))
         args.clear()
-        return tuple(out) if self.tuple_results else out if len(out) != 1 else out[0]
+        if self.container is None:
+            return out[0]
+        return self.container(out)
 
 
 def _fills_storage(t: torch.Tensor) -> bool:
@@ -329,17 +348,18 @@ class GraphedCall:
         self._recorded = 0
         self._stopped: str | None = None
         self._on_record = on_record
+        self._keyed: list[int] | None = None
         self.replays = 0
 
     def _key(self, args: list[Any]) -> tuple[Any, ...]:
-        static = self._static
+        """What a recording is for: the sizes, strides and dtypes of the copied
+        inputs and the values of the others (parameters are checked apart)."""
+        keyed = self._keyed
+        if keyed is None or len(keyed) > len(args):
+            keyed = self._keyed = [i for i in range(len(args)) if i not in self._static]
         return tuple(
-            (a.shape, a.stride(), a.dtype)
-            if isinstance(a, torch.Tensor)
-            else a
-            if i not in static
-            else None
-            for i, a in enumerate(args)
+            (a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+            for a in [args[i] for i in keyed]
         )
 
     def __call__(self, args: list[Any]) -> Any:
@@ -360,6 +380,7 @@ class GraphedCall:
         try:
             recording = _Recording(self._call, args, self._static, self._device)
         except Exception as exc:  # a call that cannot be recorded runs as before
+            log.debug("recording graph %s failed", self._name, exc_info=True)
             self._stop(f"recording failed: {type(exc).__name__}: {exc}")
             return self._call(args)
         self._recorded += 1

@@ -69,16 +69,12 @@ def test_each_reason_not_to_record_is_recorded_and_logged(
     def data_dependent(x: torch.Tensor) -> torch.Tensor:
         return x[x > 0] * 2
 
-    def syncs(x: torch.Tensor) -> torch.Tensor:
-        return x * x.sum().item()
-
     def on_cpu(x: torch.Tensor) -> torch.Tensor:
         return (x.cpu() * 2).sum()
 
     cases = {
         "writes input": writes_input,
         "data-dependent size": data_dependent,
-        "waits for the device": syncs,
         "CPU tensors": on_cpu,
     }
     dynamo = torch._dynamo.config
