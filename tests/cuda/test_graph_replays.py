@@ -142,6 +142,18 @@ def test_a_buffer_written_in_place_is_graphed_and_updated_each_call() -> None:
     torch.testing.assert_close(out, torch.full((4,), 5.0, device="cuda"))
 
 
+def test_auto_leaves_a_device_bound_graph_plain() -> None:
+    compiled = torch.compile(lambda a, b: torch.relu(a @ b), backend="ember")
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    records = _records_of(lambda: [compiled(a, b) for _ in range(4)])
+    assert records[0].cudagraphs.startswith("plain: device-bound"), records[0].cudagraphs
+    torch.testing.assert_close(compiled(a, b), torch.relu(a @ b))
+    torch._dynamo.reset()
+    forced = torch.compile(lambda a, b: torch.relu(a @ b), backend="ember", mode="reduce-overhead")
+    records = _records_of(lambda: [forced(a, b) for _ in range(3)])
+    assert records[0].cudagraphs == "recorded 1"
+
+
 def test_new_sizes_record_again_up_to_the_limit() -> None:
     compiled = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="ember", dynamic=True)
     sizes = range(3, 3 + cudagraphs.MAX_RECORDINGS + 2)

@@ -337,6 +337,7 @@ def _graphed(
         static_inputs=static_inputs,
         device=cudagraphs.graph_device(gm),
         loud=setting == "on",
+        adaptive=setting == "auto",
         on_record=note,
     )
 

@@ -32,7 +32,10 @@ call. What makes that legal and how ember does it:
 - **Sizes.** One recording per distinct set of input sizes (and strides of copied
   inputs, and integer inputs), after one plain call with those sizes (which compiles
   and tunes the kernels: recording cannot wait for the device), up to
-  `MAX_RECORDINGS` per graph; beyond that, calls run their launches plainly.
+  `MAX_RECORDINGS` per graph; beyond that, calls run their launches plainly. Under
+  'auto', a second plain call is timed first: where the device, not the host, is
+  the bottleneck, a recording would save nothing and cost memory, so those sizes
+  stay plain (`GPU_BOUND`).
 - **Randomness.** The seed a graph draws per call comes from torch's CUDA generator,
   which torch advances at each replay as a call would advance it, so seeded dropout
   gives the same values graphed and not graphed.
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +59,9 @@ from ember.graphpasses.effects import written_args
 log = logging.getLogger("ember.runtime")
 
 MAX_RECORDINGS = 8  # per graph: distinct sizes, or parameters that moved
+# Under 'auto', sizes whose launches the host enqueues in less than this fraction of
+# the time the device runs them are not recorded (`GraphedCall._measured`).
+GPU_BOUND = 0.5
 # Ops whose result the host must wait for (or whose sizes depend on data): a recording
 # cannot contain them.
 _SYNCING_OPS = frozenset(
@@ -336,6 +343,7 @@ class GraphedCall:
         static_inputs: Sequence[int],
         device: int,
         loud: bool,
+        adaptive: bool = False,
         on_record: Callable[[str], None] | None = None,
     ) -> None:
         self._call = call
@@ -344,7 +352,9 @@ class GraphedCall:
         self._device = device
         self._loud = loud
         self._recordings: dict[tuple[Any, ...], _Recording] = {}
-        self._seen: set[tuple[Any, ...]] = set()
+        self._seen: dict[tuple[Any, ...], str] = {}  # "warm", "ready" or "plain"
+        self._adaptive = adaptive
+        self._said_gpu_bound = False
         self._recorded = 0
         self._stopped: str | None = None
         self._on_record = on_record
@@ -370,10 +380,15 @@ class GraphedCall:
         if recording is not None and not recording.statics_moved(args):
             self.replays += 1
             return recording.replay(args)
-        if key not in self._seen:
+        state = self._seen.get(key)
+        if state is None:
             # first call with these sizes: its launches compile and tune the kernels
-            self._seen.add(key)
+            self._seen[key] = "warm" if self._adaptive else "ready"
             return self._call(args)
+        if state == "plain":
+            return self._call(args)
+        if state == "warm":
+            return self._measured(key, args)
         if self._recorded >= MAX_RECORDINGS:
             self._stop(f"{MAX_RECORDINGS} recordings made (sizes or parameter addresses vary)")
             return self._call(args)
@@ -389,6 +404,38 @@ class GraphedCall:
             self._on_record(f"recorded {self._recorded}")
         self.replays += 1
         return recording.replay(args)
+
+    def _measured(self, key: tuple[Any, ...], args: list[Any]) -> Any:
+        """A plain call, timed on the host and on the device: where the host enqueues
+        the launches in less than `GPU_BOUND` of the time the device takes to run
+        them, the device never waits for the host, and a recording would save
+        nothing but cost memory (its pool, and the copies of its outputs); those
+        sizes keep running plainly (under 'auto'; 'on' records regardless)."""
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch stub
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # torch stub
+        began = time.perf_counter()
+        start.record()
+        result = self._call(args)
+        end.record()
+        host_ms = (time.perf_counter() - began) * 1e3
+        end.synchronize()
+        device_ms = float(start.elapsed_time(end))
+        if host_ms < GPU_BOUND * device_ms:
+            self._seen[key] = "plain"
+            if not self._said_gpu_bound:
+                self._said_gpu_bound = True
+                log.info(
+                    "graph %s is not recorded for its sizes: the device is the bottleneck "
+                    "(launches enqueued in %.2f ms, run in %.2f ms)",
+                    self._name, host_ms, device_ms,
+                )  # fmt: skip
+                if self._on_record is not None and not self._recorded:
+                    self._on_record(
+                        f"plain: device-bound (host {host_ms:.2f} ms, device {device_ms:.2f} ms)"
+                    )
+        else:
+            self._seen[key] = "ready"
+        return result
 
     def _stop(self, reason: str) -> None:
         self._stopped = reason
