@@ -4,6 +4,9 @@ the backward what the forward returned."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 
 import ember.runtime  # noqa: F401  (registers the backend)
@@ -94,3 +97,34 @@ def test_broadcast_layouts_and_size_one_dimensions() -> None:
     assert got[0].stride() == (0, 1)
     torch.testing.assert_close(got[0], materialised)
     assert got[1] is single  # stride (1, 1) against (3, 1): only the size-1 dim differs
+
+
+def test_parameters_are_checked_until_one_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A static input (a parameter) is checked at the first call and skipped while
+    it stays where it was; one at a new address is checked again (and copied when it
+    does not conform); a plain input is checked at every call."""
+    from ember.runtime import layouts as module
+
+    checked: list[int] = []
+    real = module._conform
+
+    def counting(args: list[Any], index: int, *rest: Any) -> None:
+        checked.append(index)
+        real(args, index, *rest)
+
+    monkeypatch.setattr(module, "_conform", counting)
+    got: list[torch.Tensor] = []
+    layouts = [InputLayout(0, (2, 3), (3, 1), 0, False), InputLayout(1, (2, 3), (3, 1), 0, False)]
+    guarded = guard_layouts(lambda args: got.extend(args), layouts, "g", static_inputs=[0])
+    weight, x = torch.randn(2, 3), torch.randn(2, 3)
+    for _ in range(3):
+        guarded([weight, x])
+    assert checked == [0, 1, 1, 1]
+    moved = torch.randn(3, 2).t()  # new storage, and strides (1, 2): copied
+    got.clear()
+    guarded([moved, x])
+    assert checked[4:] == [0, 1]
+    assert got[0].stride() == (3, 1)
+    torch.testing.assert_close(got[0], moved)
+    guarded([moved, x])  # did not conform: checked again
+    assert checked[6:] == [0, 1]

@@ -169,6 +169,7 @@ def compile_graph(
         guard_symbolic_layouts(module.call, program, gm, graph_name),
         static_layouts(program, gm),
         graph_name,
+        static_inputs,
     )
     call = _eager_on_shape_mismatch(call, eager_gm, record)
     call = _graphed(call, eager_gm, record, static_inputs)

@@ -55,6 +55,7 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ember.graphpasses.effects import written_args
+from ember.runtime.layouts import pointers_equal
 
 log = logging.getLogger("ember.runtime")
 
@@ -260,7 +261,7 @@ class _Recording:
                 self.plan.append(_Output("bytes", result.dtype, index, size, stride, offset))
 
     def statics_moved(self, args: list[Any]) -> bool:
-        return not _pointers_equal(args, self.static_pointers, self.static_indices)
+        return not pointers_equal(args, self.static_pointers, self.static_indices)
 
     def replay(self, args: list[Any]) -> Any:
         copied = self.copied
@@ -321,15 +322,6 @@ def _unexpanded(t: torch.Tensor) -> torch.Tensor:
         if s == 0 and n > 1:
             t = t.narrow(dim, 0, 1)
     return t
-
-
-def _pointers_equal(args: list[Any], pointers: list[int | None], indices: list[int]) -> bool:
-    if not indices:
-        return True
-    check = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
-    if check is not None:
-        return bool(check(args, pointers, indices))
-    return all(args[i].data_ptr() == pointers[i] for i in indices)
 
 
 class GraphedCall:

@@ -78,17 +78,35 @@ def _tensor_inputs(
 
 
 def guard_layouts(
-    call: Callable[[list[Any]], Any], layouts: Sequence[InputLayout], graph: str
+    call: Callable[[list[Any]], Any],
+    layouts: Sequence[InputLayout],
+    graph: str,
+    static_inputs: Sequence[int] = (),
 ) -> Callable[[list[Any]], Any]:
     """`call`, taking any input that does not conform to its layout in `layouts` as
-    a copy that does (and copying written ones back)."""
+    a copy that does (and copying written ones back).
+
+    Inputs in `static_inputs` (parameters and buffers, which keep their storage from
+    call to call) are checked once: while none has moved to other memory since
+    every one of them last conformed (one C call compares all their addresses), their
+    checks are skipped. A model's parameters are most of its inputs, and checking
+    each at every call cost more than a small model's kernels."""
     checks = [layout for layout in layouts if 0 not in layout.size]  # empty: read nowhere
     if not checks:
         return call
+    static = set(static_inputs)
+    fixed = [layout for layout in checks if layout.index in static]
+    varying = [layout for layout in checks if layout.index not in static]
+    fixed_indices = [layout.index for layout in fixed]
+    verified: list[int | None] = []  # the fixed inputs' addresses when they last conformed
 
     def guarded(args: list[Any]) -> Any:
         moved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for layout in checks:
+        todo, before = varying, None
+        if fixed and not (verified and pointers_equal(args, verified, fixed_indices)):
+            todo, before = checks, [args[i] for i in fixed_indices]
+            verified.clear()
+        for layout in todo:
             offset = layout.offset
             _conform(
                 args,
@@ -101,9 +119,27 @@ def guard_layouts(
                 moved,
                 graph,
             )
+        if before is not None and all(
+            args[i] is x and isinstance(x, torch.Tensor)
+            for i, x in zip(fixed_indices, before, strict=True)
+        ):  # every fixed input conformed as it came: checked until one moves
+            verified.extend(args[i].data_ptr() if i in static else None for i in range(len(args)))
         return _call_writing_back(call, args, moved)
 
     return guarded
+
+
+def pointers_equal(args: list[Any], pointers: list[int | None], indices: list[int]) -> bool:
+    """Whether each `args[i]` for `i` in `indices` is a tensor whose data pointer is
+    `pointers[i]`: one C call where torch has it (its CUDA graph trees use it)."""
+    if not indices:
+        return True
+    check = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+    if check is not None:
+        return bool(check(args, pointers, indices))
+    return all(
+        isinstance(args[i], torch.Tensor) and args[i].data_ptr() == pointers[i] for i in indices
+    )
 
 
 def guard_symbolic_layouts(
