@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks in one run: the CUDA tests, then whichever measurements are named.
-#   bash benchmarks/gpu_checks.sh [tests] [demo] [kernels] [profile:MODELS] [bench:MODELS:SECONDS[:MODES]]
+#   bash benchmarks/gpu_checks.sh [tests] [demo] [kernels] [launch] [profile:MODELS] [bench:MODELS:SECONDS[:MODES]]
 # Logs go to $OUT (or ./gpu_out); a short summary of each part is printed last.
 set -u
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -15,6 +15,8 @@ for part in "$@"; do
           summary+=("demo: rc=$?") ;;
     kernels) python3 benchmarks/triton_kernels.py >"$OUT/kernels.log" 2>&1
              summary+=("kernels: rc=$?") ;;
+    launch) python3 benchmarks/launch_overhead.py >"$OUT/launch.log" 2>&1
+            summary+=("launch: rc=$?") ;;
     profile:*) python3 benchmarks/compile_profile.py --device cuda --models "${part#profile:}" \
                  >"$OUT/profile.log" 2>&1
                summary+=("profile: rc=$?") ;;
@@ -29,7 +31,7 @@ for part in "$@"; do
   esac
   summary[-1]+=" ($(( $(date +%s) - start )) s)"
 done
-for f in "$OUT"/demo.log "$OUT"/kernels.log "$OUT"/profile.log "$OUT"/bench-*.log; do
+for f in "$OUT"/demo.log "$OUT"/kernels.log "$OUT"/launch.log "$OUT"/profile.log "$OUT"/bench-*.log; do
   [ -f "$f" ] && { echo "== $f"; tail -30 "$f"; }
 done
 grep -E "FAILED|Error" "$OUT/tests.log" 2>/dev/null | head -20

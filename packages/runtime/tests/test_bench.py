@@ -32,6 +32,7 @@ def test_the_sets_hold_blocks_and_real_models() -> None:
     cpu, gpu = models_for("cpu"), models_for("cuda")
     assert {"mlp", "attention", "cnn_block", "resnet18", "bert"} <= {s.name for s in cpu}
     assert {"resnet50", "vit_base", "gpt2", "llama"} <= {s.name for s in gpu}
+    assert {"mobilenetv3", "t5_small_encoder", "llama_small"} <= {s.name for s in gpu}
     assert {s.requires for s in gpu} >= {"torchvision", "timm", "transformers"}
 
 
@@ -139,3 +140,66 @@ def test_aot_eager_is_measured_as_the_compile_floor() -> None:
     assert record["compile_s"] > 0 and record["ms"] > 0
     assert record["matches_eager"] is True
     assert "kernels" not in record
+
+
+def test_inductor_reduce_overhead_is_in_the_gpu_default_only() -> None:
+    from ember.runtime.bench.harness import default_backends
+
+    assert default_backends("cuda") == ["eager", "inductor", "inductor-ro", "ember"]
+    assert default_backends("cpu") == ["eager", "inductor", "ember"]
+
+
+def test_ember_mode_reaches_the_ember_measurements_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--ember-mode` becomes torch.compile's mode for ember's processes alone, and the
+    ember rows say which mode they ran."""
+    from ember.runtime.bench import harness
+
+    commands: list[list[str]] = []
+
+    class Started:
+        def __init__(self, command: list[str], **kwargs: Any) -> None:
+            commands.append(command)
+
+    def fake_finish(job: Any, timeout_s: float) -> dict[str, Any]:
+        return {"ms": 1.0, "compile_s": 0.1}
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    monkeypatch.setattr(harness, "_release", lambda job, go: None)
+    monkeypatch.setattr(harness, "_finish", fake_finish)
+    backends = ["eager", "inductor", "inductor-ro", "ember"]
+    options = BenchOptions(["mlp"], ["inference"], backends, warm=False, prefetch=False)
+    options.ember_mode = "reduce-overhead"
+    records = run_bench(options)
+    modes = {c[c.index("--backend") + 1]: c[c.index("--ember-mode") + 1 :][:1] for c in commands
+             if "--ember-mode" in c}  # fmt: skip
+    assert modes == {"ember": ["reduce-overhead"]}
+    assert len(commands) == 4
+    assert [r.notes for r in records] == [[], [], [], ["mode=reduce-overhead"]]
+
+
+def test_the_report_puts_the_backends_side_by_side_with_embers_ratios() -> None:
+    from ember.runtime.bench.harness import BenchRecord
+    from ember.runtime.bench.report import ember_ratios, format_records
+
+    def row(model: str, mode: str, backend: str, ms: float | None) -> BenchRecord:
+        error = None if ms else "cold: boom"
+        return BenchRecord(model, mode, "cuda", "bfloat16", backend, ms=ms, error=error)
+
+    times = {"eager": 8.0, "inductor": 4.0, "inductor-ro": 1.0, "ember": 2.0}
+    records = [row("a", "inference", b, ms) for b, ms in times.items()]
+    records += [row("b", "inference", b, ms / 2) for b, ms in times.items()]
+    records += [row("c", "inference", b, None if b == "inductor-ro" else 1.0) for b in times]
+    ratios = ember_ratios(records)
+    assert ratios[("a", "inference")] == {"eager": 4.0, "inductor": 2.0, "inductor-ro": 0.5}
+    assert "inductor-ro" not in ratios[("c", "inference")]
+    text = format_records(records)
+    side = text.split("side by side", 1)[1].splitlines()
+    header = side[1].split()
+    assert header[:6] == ["model", "mode", "eager", "ms", "inductor", "ms"]
+    assert "ember vs eager" in side[1] and "ember vs inductor-ro" in side[1]
+    a, _, c, mean = side[3:7]
+    assert a.split() == ["a", "inference", "8.000", "4.000", "1.000", "2.000", "4.00x", "2.00x",
+                         "0.50x"]  # fmt: skip
+    assert c.split()[4] == "failed" and c.split()[-1] == "-"
+    # geomean over the models that have both: eager (4, 4, 1), inductor-ro (0.5, 0.5)
+    assert mean.split() == ["geomean", "inference", "2.52x", "1.59x", "0.50x"]

@@ -16,6 +16,14 @@ that read what they write (or whose tensors alias) are timed on copies.
 Under `TRITON_INTERPRET=1` (CPU tensors) the kernels run in Triton's interpreter, with
 libdevice calls served by torch (the interpreter has no libdevice) and no tuning.
 
+After a kernel's first call for a set of sizes, a launch goes straight to the compiled
+binary (`_DirectLaunch`). Where that is unavailable or refused, the launch goes
+through Triton's jit, which rebinds and re-specialises every argument: each such
+launch is counted in `jit_launches` (per kernel name, the reason in
+`jit_launch_reasons`), and each launcher logs the first one with its reason on the
+"ember.runtime" logger, at INFO where the slow path is expected (Triton's
+interpreter, debug bounds arguments, a profiler's launch hook) and WARNING otherwise.
+
 Kernels with index checks launch and compile with their `launch_options` (Triton's
 `debug`, which compiles `tl.device_assert` in): on a GPU a bad index stops the kernel
 with CUDA's device-side assert, as eager's indexing kernels do. Triton's interpreter
@@ -29,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -45,6 +54,8 @@ from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime import compile_pool
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
+
+log = logging.getLogger("ember.runtime")
 
 _modules: dict[str, ModuleType] = {}  # source hash -> loaded module
 _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
@@ -69,6 +80,16 @@ precompile_stats = dict.fromkeys(
     ),
     0.0,
 )
+
+
+# Launches through Triton's jit that were not a first call for their sizes: kernel name
+# -> how many, and the latest reason (one of the texts below, or a more specific one).
+jit_launches: dict[str, int] = {}
+jit_launch_reasons: dict[str, str] = {}
+INTERPRETER = "Triton's interpreter runs every launch (TRITON_INTERPRET=1)"
+BOUNDS_ARGUMENTS = "debug bounds arguments (storage sizes) are computed at each call"
+LAUNCH_HOOK = "a launch hook (a profiler's) is registered with Triton"
+EXPECTED_JIT_REASONS = frozenset({INTERPRETER, BOUNDS_ARGUMENTS, LAUNCH_HOOK})
 
 
 def interpreting() -> bool:
@@ -281,14 +302,37 @@ class TritonLauncher:
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
         self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
         self._direct: dict[tuple[Any, ...], _DirectLaunch | None] = {}
+        self._no_direct: dict[tuple[Any, ...], str] = {}  # sizes -> why _direct has None
+        self._jit_logged = False
         # the graph's compiles, still running when compile_triton_kernels returned
         self.pending: Precompiler | None = None
 
     def __call__(self, *args: Any) -> None:
-        direct = self._direct.get(args[self._buffers :])
-        if direct is not None and direct.launch(args[: self._buffers]):
-            return
+        sizes = args[self._buffers :]
+        direct = self._direct.get(sizes)
+        if direct is not None:
+            if direct.launch(args[: self._buffers]):
+                return
+            self._count_jit_launch(direct.refusal(args[: self._buffers]))
+        elif sizes in self._direct:
+            self._count_jit_launch(self._no_direct[sizes])
         self._call_through_jit(args)
+
+    def _count_jit_launch(self, reason: str) -> None:
+        """Count a launch that takes Triton's jit path after its sizes' first call."""
+        name = self.kernel.name
+        jit_launches[name] = jit_launches.get(name, 0) + 1
+        jit_launch_reasons[name] = reason
+        if self._jit_logged:
+            return
+        self._jit_logged = True
+        level = logging.INFO if reason in EXPECTED_JIT_REASONS else logging.WARNING
+        log.log(
+            level,
+            "kernel %s launches through Triton's jit, not directly (slower per launch): %s",
+            name,
+            reason,
+        )
 
     def _call_through_jit(self, args: tuple[Any, ...]) -> None:
         pending = self.pending
@@ -315,7 +359,12 @@ class TritonLauncher:
         compiled = self._launch(config, operands, sizes)
         size_key = args[self._buffers :]
         if size_key not in self._direct:
-            self._direct[size_key] = _DirectLaunch.make(self, compiled, config, operands, sizes)
+            direct = _DirectLaunch.make(self, compiled, config, operands, sizes)
+            if isinstance(direct, str):
+                self._no_direct[size_key] = direct
+                self._direct[size_key] = None
+            else:
+                self._direct[size_key] = direct
             first_launch_seconds[0] += time.perf_counter() - start
 
     def _operands(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> list[Any]:
@@ -394,10 +443,11 @@ class _DirectLaunch:
 
     It applies only where Triton's jit would pick the same binary: every pointer
     16-byte aligned (as when it was compiled), no launch hooks (profilers), no debug
-    bounds arguments. Otherwise `launch` returns False and the jit path runs.
+    bounds arguments. Otherwise `make` says why there is none, or `launch` returns
+    False (and `refusal` says why), and the jit path runs.
     """
 
-    __slots__ = ("blocks", "device", "function", "grid", "metadata", "run", "sizes")
+    __slots__ = ("blocks", "buffers", "device", "function", "grid", "metadata", "run", "sizes")
 
     def __init__(
         self,
@@ -406,6 +456,7 @@ class _DirectLaunch:
         sizes: list[int],
         blocks: list[int],
         device: int,
+        buffers: Sequence[str] = (),
     ) -> None:
         self.run = compiled.run
         self.function = compiled.function
@@ -414,6 +465,7 @@ class _DirectLaunch:
         self.sizes = sizes
         self.blocks = blocks
         self.device = device
+        self.buffers = buffers  # the tensors' names, for `refusal`
 
     @staticmethod
     def make(
@@ -422,29 +474,40 @@ class _DirectLaunch:
         config: LaunchConfig,
         operands: list[Any],
         sizes: list[int],
-    ) -> _DirectLaunch | None:
+    ) -> _DirectLaunch | str:
+        """The direct launch for one set of sizes, or why there is none."""
         kernel = launcher.kernel
-        if (
-            interpreting()
-            or kernel.bounds_arguments
-            or compiled is None
-            or not hasattr(compiled, "packed_metadata")
-            or _hooks_active() is not False
-        ):
-            return None
+        if interpreting():
+            return INTERPRETER
+        if kernel.bounds_arguments:
+            return BOUNDS_ARGUMENTS
+        if compiled is None or not hasattr(compiled, "packed_metadata"):
+            return f"Triton's jit returned no compiled kernel with packed metadata ({compiled!r})"
+        hooks = _hooks_active()
+        if hooks is None:
+            return "this Triton keeps its launch hooks where ember does not look for them"
+        if hooks:
+            return LAUNCH_HOOK
         tensors = operands[: launcher._buffers]
-        if not tensors or any(t.data_ptr() % 16 or t.device.type != "cuda" for t in tensors):
-            return None
+        if not tensors:
+            return "the kernel takes no tensors"
+        names = kernel.buffer_arguments
+        for name, t in zip(names, tensors, strict=True):
+            if t.device.type != "cuda":
+                return f"buffer {name} is on {t.device.type}, not a CUDA device"
+            if t.data_ptr() % 16:
+                return f"buffer {name} was not 16-byte aligned at the first call"
         blocks = [value for _, value in config.blocks]
         grid = launcher.grid(config, sizes)
-        direct = _DirectLaunch(compiled, grid, sizes, blocks, tensors[0].device.index or 0)
+        device = tensors[0].device.index or 0
+        direct = _DirectLaunch(compiled, grid, sizes, blocks, device, names)
         try:  # a Triton whose launcher takes other arguments fails here, before launching
             direct.run(
                 0, 1, 1, _stream(direct.device), direct.function, direct.metadata,
                 None, None, None, *operands, *blocks,
             )  # fmt: skip
-        except TypeError:
-            return None
+        except TypeError as exc:
+            return f"Triton's compiled launcher takes other arguments ({exc})"
         return direct
 
     def launch(self, tensors: Sequence[torch.Tensor]) -> bool:
@@ -463,6 +526,16 @@ class _DirectLaunch:
             *pointers, *self.sizes, *self.blocks,
         )  # fmt: skip
         return True
+
+    def refusal(self, tensors: Sequence[torch.Tensor]) -> str:
+        """Why `launch` returned False for `tensors` (read only after it did)."""
+        for number, t in enumerate(tensors):
+            if storage_view(t).data_ptr() % 16:
+                name = self.buffers[number] if number < len(self.buffers) else f"#{number}"
+                return f"buffer {name} is not 16-byte aligned"
+        if _hooks_active():
+            return LAUNCH_HOOK
+        return "the direct launch refused these tensors"
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""`ember bench`: ember against eager and TorchInductor, side by side, one process per
-measurement.
+"""`ember bench`: ember against eager and TorchInductor (its default mode and, on the
+GPU, `mode="reduce-overhead"`, CUDA graphs), side by side, one process per measurement.
 
 Files in processing order: `blocks.py` (built-in blocks) and `registry.py` (every model,
 its sizes and which set it is in), `measure.py` (one measurement in its own process),
@@ -20,6 +20,7 @@ from ember.runtime.bench.harness import (
     OPTIONAL_BACKENDS,
     BenchOptions,
     BenchRecord,
+    default_backends,
     default_models,
     run_bench,
     write_json,
@@ -55,8 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="inference,train")
     parser.add_argument(
         "--backends",
-        default=",".join(BACKENDS),
-        help="eager,inductor,ember (also aot_eager: the Dynamo + AOTAutograd compile floor)",
+        default="",
+        help="comma-separated; default: eager,inductor,ember on cpu, and inductor-ro "
+        "(Inductor's mode='reduce-overhead', CUDA graphs) too on cuda; also aot_eager "
+        "(the Dynamo + AOTAutograd compile floor)",
+    )
+    parser.add_argument(
+        "--ember-mode",
+        default=None,
+        help="torch.compile's mode= for ember only (e.g. reduce-overhead; default: none)",
     )
     parser.add_argument("--dtype", default=None, help="default float32 on cpu, bfloat16 on cuda")
     parser.add_argument("--runs", type=int, default=20, help="timed runs per measurement")
@@ -93,13 +101,15 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         models = _csv(args.models, MODELS) or default_models(args.device)
         modes = _csv(args.modes, MODES)
-        backends = _csv(args.backends, BACKENDS + OPTIONAL_BACKENDS)
+        backends = _csv(args.backends, BACKENDS + OPTIONAL_BACKENDS) or default_backends(
+            args.device
+        )
     except argparse.ArgumentTypeError as exc:
         print(f"ember bench: {exc}", file=sys.stderr)
         return 2
     options = BenchOptions(
         models, modes, backends, args.device, args.dtype, args.runs, args.threads, not args.no_warm,
-        args.timeout, args.time_limit, args.prefetch,
+        args.timeout, args.time_limit, args.prefetch, args.ember_mode,
     )  # fmt: skip
     json_path = args.json
     records = run_bench(options, (lambda rs: write_json(rs, json_path)) if json_path else None)

@@ -13,6 +13,14 @@ keeps compile caches, allocator state and peak memory from leaking between rows.
 - warm: only the first call, with the caches the cold run filled.
 
 A training step is forward + loss + backward; the loss is taken outside the model.
+
+"inductor-ro" is `torch.compile(model, backend="inductor", mode="reduce-overhead")`:
+Inductor's CUDA graphs. A replay writes its outputs into the same memory as the one
+before, so each step (first call, timed calls) begins with
+`torch.compiler.cudagraph_mark_step_begin()`, and the first call's outputs are cloned
+before they are compared with eager (for every compiling backend: ember's own CUDA
+graphs, under `--ember-mode reduce-overhead`, get the same treatment).
+
 Inductor's kernel count comes from `torch._inductor.metrics`, imported through
 importlib only in the inductor measurement (product code does not depend on Inductor;
 here it is the comparator). It counts generated kernels; ember's count (from its
@@ -78,6 +86,29 @@ def step_fn(model: nn.Module, inputs: list[Any], mode: str) -> Callable[[], Any]
     return train
 
 
+def _graph_steps(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn`, each call marked as a new step for Inductor's CUDA graph trees: outputs of
+    the step before may then be overwritten, and none is kept across steps here."""
+
+    def step() -> Any:
+        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]  # torch stub
+        return fn()
+
+    return step
+
+
+def _cloned(tree: Any) -> Any:
+    """A copy of every tensor in an output (tuples, lists, dicts, model outputs), so
+    that a later replay of a CUDA graph cannot change what is compared."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, (tuple, list)):
+        return [_cloned(t) for t in tree]  # the accuracy rule reads lists and tuples alike
+    if isinstance(tree, dict):  # transformers' ModelOutput too (an OrderedDict)
+        return {key: _cloned(value) for key, value in tree.items()}
+    return tree
+
+
 def _device_kernels(fn: Callable[[], Any], device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
@@ -110,6 +141,7 @@ def measure(
     dtype: torch.dtype,
     phase: str,
     runs: int,
+    ember_mode: str | None = None,
 ) -> dict[str, Any]:
     record: dict[str, Any] = {}
     model, inputs = prepare(name, device, dtype)
@@ -121,21 +153,30 @@ def measure(
         return record
     reference_model = copy.deepcopy(model)
     torch._dynamo.reset()
-    if backend == "inductor":
+    inductor = backend in ("inductor", "inductor-ro")
+    if inductor:
         metrics = importlib.import_module("torch._inductor.metrics")  # comparator only
         vars(metrics)["generated_kernel_count"] = 0
     from ember.runtime.compiler import compile_records
 
     first_record = len(compile_records)
-    compiled = torch.compile(model, backend=backend)
+    if backend == "inductor-ro":
+        compiled = torch.compile(model, backend="inductor", mode="reduce-overhead")
+    elif backend == "ember" and ember_mode is not None:
+        compiled = torch.compile(model, backend="ember", mode=ember_mode)
+    else:
+        compiled = torch.compile(model, backend=backend)
     fn = step_fn(compiled, inputs, mode)  # type: ignore[arg-type]  # compiled module
+    if backend == "inductor-ro" or ember_mode == "reduce-overhead":
+        fn = _graph_steps(fn)
     start = time.perf_counter()
     actual = fn()
     synchronize(device)
     record["compile_s"] = time.perf_counter() - start
     if phase == "warm":
         return record
-    if backend == "inductor":
+    actual = _cloned(actual)
+    if inductor:
         record["kernels"] = int(vars(metrics)["generated_kernel_count"])
     elif backend == "ember":
         records = compile_records[first_record:]
@@ -144,7 +185,9 @@ def measure(
         record["ran_eagerly"] = sum(1 for r in records if r.ran_eagerly)
     expected = step_fn(reference_model, inputs, mode)()
     exact = copy.deepcopy(reference_model).to(torch.float64)
-    upcast = [t.to(torch.float64) if t.is_floating_point() else t for t in inputs]
+    # detached: a weightless block's inputs require grad, and their float64 copies
+    # must be leaves of their own for the reference step to get their gradients
+    upcast = [t.detach().to(torch.float64) if t.is_floating_point() else t for t in inputs]
     reference = step_fn(exact, upcast, mode)()
     record["max_abs_err"] = largest_error(actual, expected)
     verdict = compare_outputs(actual, expected, reference=reference)
@@ -163,7 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, choices=sorted(MODELS))
     parser.add_argument("--mode", required=True, choices=["inference", "train"])
     parser.add_argument(
-        "--backend", required=True, choices=["eager", "aot_eager", "inductor", "ember"]
+        "--backend",
+        required=True,
+        choices=["eager", "aot_eager", "inductor", "inductor-ro", "ember"],
+    )
+    parser.add_argument(
+        "--ember-mode", default=None, help="torch.compile's mode for ember (default: none)"
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
@@ -197,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         getattr(torch, args.dtype),
         args.phase,
         args.runs,
+        args.ember_mode,
     )
     args.out.write_text(json.dumps(record))
     return 0

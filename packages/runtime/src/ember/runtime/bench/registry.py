@@ -79,12 +79,16 @@ def _cnn_block(size: str) -> Built:
     return CNNBlock(channels), (_randn(batch, channels, hw, hw),)
 
 
-def _torchvision(arch: str) -> Callable[[str], Built]:
+def _torchvision(arch: str, gpu_batch: int = 64, **kwargs: Any) -> Callable[[str], Built]:
+    """A torchvision classifier by name; `kwargs` go to its constructor (a dropout of
+    0, where it has one, so that a training step is deterministic and checkable)."""
+
     def build(size: str) -> Built:
         import torchvision
 
-        batch, hw = _pick(size, (2, 64), (64, 224))
-        return torchvision.models.get_model(arch, weights=None), (_randn(batch, 3, hw, hw),)
+        batch, hw = _pick(size, (2, 64), (gpu_batch, 224))
+        model = torchvision.models.get_model(arch, weights=None, **kwargs)
+        return model, (_randn(batch, 3, hw, hw),)
 
     return build
 
@@ -137,22 +141,61 @@ def _gpt2(size: str) -> Built:
     return transformers.GPT2LMHeadModel(config), (_tokens(config.vocab_size, batch, seq),)
 
 
-def _llama(size: str) -> Built:
+def _llama_of(
+    layers: int, hidden: int, heads: int, kv_heads: int, intermediate: int, batch: int, seq: int
+) -> Callable[[str], Built]:
+    """LlamaForCausalLM of the given GPU size; on the CPU always the same small one."""
+
+    def build(size: str) -> Built:
+        import transformers
+
+        gpu = (layers, hidden, heads, kv_heads, intermediate, batch, seq)
+        sized = _pick(size, (2, 128, 4, 1, 320, 2, 64), gpu)
+        layers_, hidden_, heads_, kv_heads_, intermediate_, batch_, seq_ = sized
+        config = transformers.LlamaConfig(
+            vocab_size=32000 if size == "gpu" else 1000,
+            hidden_size=hidden_,
+            intermediate_size=intermediate_,
+            num_hidden_layers=layers_,
+            num_attention_heads=heads_,
+            num_key_value_heads=kv_heads_,
+            max_position_embeddings=seq_,
+            use_cache=False,
+        )
+        model = transformers.LlamaForCausalLM(config)
+        return model, (_tokens(config.vocab_size, batch_, seq_),)
+
+    return build
+
+
+def _t5_encoder(size: str) -> Built:
+    """T5EncoderModel; on the GPU with t5-small's configuration (d_model 512, 6 layers,
+    8 heads of 64, d_ff 2048, ReLU feed-forward, vocabulary 32128), written here."""
     import transformers
 
-    layers, hidden, heads, batch, seq = _pick(size, (2, 128, 4, 2, 64), (8, 2048, 16, 4, 2048))
-    config = transformers.LlamaConfig(
-        vocab_size=32000 if size == "gpu" else 1000,
-        hidden_size=hidden,
-        intermediate_size=int(hidden * 8 / 3) // 64 * 64,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads // 4,
-        max_position_embeddings=seq,
+    layers, d_model, heads, d_ff, batch, seq = _pick(
+        size, (2, 128, 4, 512, 2, 32), (6, 512, 8, 2048, 16, 128)
+    )
+    config = transformers.T5Config(
+        vocab_size=32128 if size == "gpu" else 1000,
+        d_model=d_model,
+        d_kv=d_model // heads,
+        d_ff=d_ff,
+        num_layers=layers,
+        num_heads=heads,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        feed_forward_proj="relu",
+        is_encoder_decoder=False,
         use_cache=False,
     )
-    return transformers.LlamaForCausalLM(config), (_tokens(config.vocab_size, batch, seq),)
+    return transformers.T5EncoderModel(config), (_tokens(config.vocab_size, batch, seq),)
 
+
+_llama = _llama_of(8, 2048, 16, 4, 5440, 4, 2048)
+_llama_small = _llama_of(4, 512, 8, 2, 1376, 4, 128)
+_mobilenet = _torchvision("mobilenet_v3_large", 32, dropout=0.0)
 
 BOTH, GPU = frozenset({"cpu", "gpu"}), frozenset({"gpu"})
 CPU, NONE = frozenset({"cpu"}), frozenset[str]()
@@ -173,6 +216,10 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("bert", _bert, BOTH, "transformers", "BertModel; base size on GPU"),
         ModelSpec("gpt2", _gpt2, BOTH, "transformers", "GPT2LMHeadModel; 124M on GPU"),
         ModelSpec("llama", _llama, GPU, "transformers", "LlamaForCausalLM, 8 layers, GQA"),
+        # launch-bound: many small kernels per call, where host time dominates
+        ModelSpec("mobilenetv3", _mobilenet, GPU, "torchvision", "MobileNetV3-Large, batch 32"),
+        ModelSpec("t5_small_encoder", _t5_encoder, GPU, "transformers", "t5-small size, batch 16"),
+        ModelSpec("llama_small", _llama_small, GPU, "transformers", "4 layers x 512, batch 4"),
     )
 }
 

@@ -1,4 +1,9 @@
-"""Present bench records: the text table `ember bench` prints and the speedup chart.
+"""Present bench records: the text tables `ember bench` prints and the speedup chart.
+
+The first table has a row per (model, mode, backend) with everything measured. The
+second puts the backends side by side, a row per (model, mode): each backend's ms and
+ember's speedup over each of the others (the other's ms / ember's: above 1x ember is
+faster), then a geometric mean of each ratio per mode over the models that have both.
 
 The chart (`--plot`) is one horizontal bar per (model, mode) and compiling backend,
 speedup over eager on a shared axis with a line at 1x, so "which is faster, by how much"
@@ -7,6 +12,7 @@ reads at a glance; failed rows are marked instead of silently missing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,7 +51,71 @@ def format_records(records: Sequence[BenchRecord]) -> str:
             ]
         )
     device = f"{records[0].device}, {records[0].dtype}" if records else ""
-    return f"ember bench ({device})\n" + format_table(HEADERS, rows)
+    text = f"ember bench ({device})\n" + format_table(HEADERS, rows)
+    side = side_by_side(records)
+    return text if side is None else f"{text}\n\n{side}"
+
+
+def ember_ratios(records: Sequence[BenchRecord]) -> dict[tuple[str, str], dict[str, float]]:
+    """Per (model, mode): ember's speedup over every other backend measured beside it
+    (that backend's ms / ember's ms), where both have a time."""
+    ms = {(r.model, r.mode, r.backend): r.ms for r in records if r.ms}
+    ratios: dict[tuple[str, str], dict[str, float]] = {}
+    for (model, mode, backend), value in ms.items():
+        ember = ms.get((model, mode, "ember"))
+        if backend != "ember" and ember:
+            ratios.setdefault((model, mode), {})[backend] = value / ember
+    return ratios
+
+
+def side_by_side(records: Sequence[BenchRecord]) -> str | None:
+    """The backends' ms in columns and ember's ratios to each; None for one backend."""
+    backends = list(dict.fromkeys(r.backend for r in records))
+    if len(backends) < 2:
+        return None
+    others = [b for b in backends if b != "ember"] if "ember" in backends else []
+    headers = ["model", "mode", *(f"{b} ms" for b in backends)]
+    headers += [f"ember vs {b}" for b in others]
+    by_key = {(r.model, r.mode, r.backend): r for r in records}
+    ratios = ember_ratios(records)
+    cases = list(dict.fromkeys((r.model, r.mode) for r in records))
+    rows = []
+    for model, mode in cases:
+        row = [model, mode]
+        for backend in backends:
+            r = by_key.get((model, mode, backend))
+            row.append(_ms(r))
+        found = ratios.get((model, mode), {})
+        row += [_ratio(found.get(b)) for b in others]
+        rows.append(row)
+    for mode in dict.fromkeys(mode for _, mode in cases):
+        if not others:
+            break
+        row = ["geomean", mode, *("" for _ in backends)]
+        for b in others:
+            values = [v[b] for (_, m), v in ratios.items() if m == mode and b in v]
+            mean = math.exp(sum(map(math.log, values)) / len(values)) if values else None
+            row.append(_ratio(mean))
+        rows.append(row)
+    return "side by side (ember vs X: X's ms / ember's ms; above 1x ember is faster)\n" + (
+        format_table(headers, rows)
+    )
+
+
+def _ms(record: BenchRecord | None) -> str:
+    if record is None:
+        return "-"
+    if record.ms is not None:
+        return f"{record.ms:.3f}"
+    error = record.error or ""
+    for word in ("skipped", "not run"):
+        if error.startswith(word):
+            return word
+    return "failed" if error else "-"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def plot_speedups(records: Sequence[BenchRecord], path: Path) -> Path:
@@ -56,10 +126,11 @@ def plot_speedups(records: Sequence[BenchRecord], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     cases = list(dict.fromkeys((r.model, r.mode) for r in records))
-    backends = [b for b in ("inductor", "ember") if any(r.backend == b for r in records)]
+    order = ("inductor", "inductor-ro", "ember")
+    backends = [b for b in order if any(r.backend == b for r in records)]
     by_key = {(r.model, r.mode, r.backend): r for r in records}
     height = 0.8 / max(len(backends), 1)
-    colors = {"inductor": "#8c8c8c", "ember": "#e4572e"}
+    colors = {"inductor": "#8c8c8c", "inductor-ro": "#4c72b0", "ember": "#e4572e"}
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(cases) * max(len(backends), 1) + 1.5))
     for b_index, backend in enumerate(backends):
         for c_index, (model, mode) in enumerate(cases):
