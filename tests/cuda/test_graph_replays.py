@@ -233,3 +233,24 @@ def test_a_training_loop_ends_where_the_plain_loop_ends() -> None:
     torch.testing.assert_close(graphed_losses, plain_losses, rtol=1e-5, atol=1e-6)
     for a, b in zip(graphed_params, plain_params, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_inputs_with_other_strides_than_recorded_give_eager_values() -> None:
+    """A recording copies inputs into buffers laid out as when it was recorded: an
+    input of the same sizes but other strides is copied in as well, a broadcast one
+    (stride 0, of which one slice is copied) only when it is broadcast the same way,
+    and a result that is a view of an input is a view of the caller's tensor."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2 + 1, x.view(-1)[:4]
+
+    compiled = torch.compile(f, backend="ember", options={"cudagraphs": "on"})
+    row = torch.randn(1, 32, device="cuda")
+    calls = [row.expand(32, 32)] * 3 + [torch.randn(32, 32, device="cuda").t()]
+    calls += [torch.randn(32, 32, device="cuda"), row.expand(32, 32)]
+    for x in calls:
+        got, view = compiled(x)
+        torch.testing.assert_close(got, x * 2 + 1)
+        if x.is_contiguous():
+            assert view.data_ptr() == x.data_ptr()  # a view of the caller's tensor
+            torch.testing.assert_close(view, x.reshape(-1)[:4])

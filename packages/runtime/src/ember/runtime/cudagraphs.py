@@ -217,19 +217,23 @@ class _Recording:
             results = call(list(inputs))
         self.container = type(results) if isinstance(results, list | tuple) else None
         self.results = list(results) if self.container is not None else [results]
-        self._plan(inputs)
+        aliased = self._plan(inputs)
+        self._fixed_strides(aliased)
         self.copy_targets = [target for _, _, target in self.copied]
 
-    def _plan(self, inputs: list[Any]) -> None:
+    def _plan(self, inputs: list[Any]) -> set[int]:
         """Classify each result: a plain value, a view of an input, or pool memory
         to copy out (whole tensors where they fill their storage, else the storage's
-        bytes, shared by every result in it)."""
+        bytes, shared by every result in it). Returns the copied inputs that results
+        are views of."""
         owners = {
             t.untyped_storage().data_ptr(): i
             for i, t in enumerate(inputs)
             if isinstance(t, torch.Tensor)
         }
         self.plan: list[_Output] = []
+        copied = {i for i, _, _ in self.copied}
+        aliased: set[int] = set()
         self.sources: list[torch.Tensor] = []  # what a replay copies out, in order
         sharing: dict[int, int] = {}  # storage -> how many results live in it
         for result in self.results:
@@ -247,6 +251,7 @@ class _Recording:
             offset = int(result.storage_offset())
             owner = owners.get(pointer)
             if owner is not None:
+                aliased.add(owner)
                 relative = offset - int(inputs[owner].storage_offset())
                 self.plan.append(_Output("alias", None, owner, size, stride, relative))
             elif sharing[pointer] == 1 and _fills_storage(result):
@@ -259,6 +264,20 @@ class _Recording:
                     self.sources.append(whole.set_(storage))
                 index = byte_buffers[pointer]
                 self.plan.append(_Output("bytes", result.dtype, index, size, stride, offset))
+        return aliased & copied
+
+    def _fixed_strides(self, aliased: set[int]) -> None:
+        self.strides_fixed = [
+            (i, tuple(buffer.stride()))
+            for i, buffer, _ in self.copied
+            if i in aliased or 0 in buffer.stride()
+        ]
+
+    def fits(self, args: list[Any]) -> bool:
+        """Whether the copied inputs whose strides matter have the recorded ones: a
+        broadcast input (stride 0: only one slice is copied) and an input a result
+        is a view of (the view is rebuilt on the caller's tensor)."""
+        return all(args[i].stride() == stride for i, stride in self.strides_fixed)
 
     def statics_moved(self, args: list[Any]) -> bool:
         return not pointers_equal(args, self.static_pointers, self.static_indices)
@@ -354,14 +373,17 @@ class GraphedCall:
         self.replays = 0
 
     def _key(self, args: list[Any]) -> tuple[Any, ...]:
-        """What a recording is for: the sizes, strides and dtypes of the copied
-        inputs and the values of the others (parameters are checked apart)."""
+        """What a recording is for: the sizes of the copied inputs and the values of
+        the others (parameters are checked apart). Strides are left out: a copy into
+        the recording's buffer takes any; the inputs whose strides do matter are
+        checked by `_Recording.fits`. Dtypes are the compiled graph's own (Dynamo
+        guards them). Sizes alone cost a third of sizes, strides and dtypes, and a
+        backward has a hundred inputs."""
         keyed = self._keyed
         if keyed is None or len(keyed) > len(args):
             keyed = self._keyed = [i for i in range(len(args)) if i not in self._static]
         return tuple(
-            (a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
-            for a in [args[i] for i in keyed]
+            [a.shape if isinstance(a, torch.Tensor) else a for a in [args[i] for i in keyed]]
         )
 
     def __call__(self, args: list[Any]) -> Any:
@@ -370,6 +392,8 @@ class GraphedCall:
         key = self._key(args)
         recording = self._recordings.get(key)
         if recording is not None and not recording.statics_moved(args):
+            if not recording.fits(args):
+                return self._call(args)  # strides it cannot take: a plain call
             self.replays += 1
             return recording.replay(args)
         state = self._seen.get(key)
