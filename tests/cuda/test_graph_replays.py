@@ -242,7 +242,7 @@ def test_inputs_with_other_strides_than_recorded_give_eager_values() -> None:
     and a result that is a view of an input is a view of the caller's tensor."""
 
     def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return x * 2 + 1, x.view(-1)[:4]
+        return x * 2 + 1, x[1]
 
     compiled = torch.compile(f, backend="ember", options={"cudagraphs": "on"})
     row = torch.randn(1, 32, device="cuda")
@@ -251,6 +251,5 @@ def test_inputs_with_other_strides_than_recorded_give_eager_values() -> None:
     for x in calls:
         got, view = compiled(x)
         torch.testing.assert_close(got, x * 2 + 1)
-        if x.is_contiguous():
-            assert view.data_ptr() == x.data_ptr()  # a view of the caller's tensor
-            torch.testing.assert_close(view, x.reshape(-1)[:4])
+        assert view.data_ptr() == x[1].data_ptr()  # a view of the caller's tensor
+        torch.testing.assert_close(view, x[1])
