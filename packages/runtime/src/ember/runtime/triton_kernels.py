@@ -511,14 +511,29 @@ class _DirectLaunch:
         return direct
 
     def launch(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Launch with `tensors`' storages; False (nothing launched) where a pointer
+        is not 16-byte aligned or a launch hook is registered.
+
+        Pointers go to Triton's launcher as integers: handed a tensor, it calls the
+        tensor's `data_ptr` and asks the driver whether the pointer is a device
+        pointer, per argument and launch; the tensors were CUDA tensors when the
+        launch was bound, and Dynamo guards their device."""
         pointers = []
         for t in tensors:
-            if t.storage_offset():
-                t = storage_view(t)
-            if t.data_ptr() % 16:
+            pointer = t.data_ptr()
+            offset: int = t.storage_offset()  # type: ignore[assignment]  # an int at run time
+            if offset:
+                pointer -= offset * t.element_size()
+            if pointer % 16:
                 return False
-            pointers.append(t)
-        if _hooks_active():
+            pointers.append(pointer)
+        runtime = _RUNTIME
+        if runtime is None:
+            if _hooks_active() is not False:
+                return False
+        elif getattr(runtime.launch_enter_hook, "calls", True) or getattr(
+            runtime.launch_exit_hook, "calls", True
+        ):
             return False
         g0, g1, g2 = self.grid
         self.run(
@@ -567,6 +582,19 @@ _interpreter_lock = threading.Lock()
 def _stream(device: int) -> int:
     """The current CUDA stream's handle (the call Triton itself makes per launch)."""
     return int(torch._C._cuda_getCurrentRawStream(device))
+
+
+def _hook_chains() -> Any:
+    """Triton's runtime knobs where both launch hooks are `HookChain`s (Triton 3.6+),
+    read once: the direct launch then tests the chains' lists itself."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    hooks = [getattr(runtime, name, None) for name in ("launch_enter_hook", "launch_exit_hook")]
+    if runtime is None or not all(isinstance(getattr(h, "calls", None), list) for h in hooks):
+        return None
+    return runtime
+
+
+_RUNTIME = _hook_chains()
 
 
 def _hooks_active() -> bool | None:
