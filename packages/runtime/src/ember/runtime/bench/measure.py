@@ -198,6 +198,9 @@ def measure(
     record["ms"] = median_ms(fn, device, runs=runs)
     record["peak_mem_bytes"] = _peak_memory(fn, device)
     record["device_kernels"] = _device_kernels(fn, device)
+    if backend == "ember":  # whether each graph replayed CUDA graphs, or why not
+        states = [f"{r.graph}: {r.cudagraphs}" for r in compile_records[first_record:]]
+        record["cudagraphs"] = "; ".join(states)
     return record
 
 
