@@ -10,9 +10,11 @@ fails the test instead of running eagerly. The test compares each rank's losses,
 gradients and final parameters (DTensors gathered whole) between the two runs.
 
 The workers end with `os._exit(0)` after writing their results: an interpreter exit
-after `destroy_process_group` aborts now and then with gloo (a torch race at shutdown,
-made likelier by ember's OpenMP kernels on few cores; `distributed_worker.finish` says
-how). The tests check values, so a worker stops once its results are written.
+after `destroy_process_group` aborts now and then with gloo, in about a fifth of runs
+here (a race in torch at shutdown between a gloo thread and the finalizing interpreter,
+made likelier by ember's OpenMP kernels on few cores; `distributed_worker.finish` gives
+the cause and the numbers). The tests check values, so a worker stops once its results
+are written.
 """
 
 from __future__ import annotations
