@@ -54,6 +54,15 @@ def test_cpu_tensors_syncs_and_check_block() -> None:
     assert "EMBER_CHECK" in str(cudagraphs.graph_blocker(fine, [], "raise"))
 
 
+def test_a_collective_blocks() -> None:
+    gm = _traced(lambda x: x * 2, (4,))
+    (double,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    with gm.graph.inserting_after(double):
+        reduce = torch.ops._c10d_functional.all_reduce.default
+        gm.graph.call_function(reduce, (double, "sum", "0"))
+    assert "is a collective" in str(cudagraphs.graph_blocker(gm, [], "off"))
+
+
 def test_mode_and_options_become_settings() -> None:
     assert call_settings(None, None)["cudagraphs"] == config.cudagraphs
     assert call_settings("reduce-overhead", None)["cudagraphs"] == "on"

@@ -147,6 +147,10 @@ def graph_blocker(gm: torch.fx.GraphModule, static_inputs: Sequence[int], check:
             qualified = str(packet).replace("::", ".") if packet is not None else ""
             if qualified in _SYNCING_OPS:
                 return f"node {node.name} ({qualified}) waits for the device's result"
+            if qualified.split(".", 1)[0] in ("_c10d_functional", "c10d", "_dtensor"):
+                # a recorded collective replays against whatever the other ranks do
+                # then; torch records NCCL work only under conditions not checked here
+                return f"node {node.name} ({qualified}) is a collective"
     if any(d.type != "cuda" for d in devices):
         return "the graph has CPU tensors"
     if len(devices) != 1:

@@ -123,7 +123,8 @@ def guard_layouts(
             args[i] is x and isinstance(x, torch.Tensor)
             for i, x in zip(fixed_indices, before, strict=True)
         ):  # every fixed input conformed as it came: checked until one moves
-            verified.extend(args[i].data_ptr() if i in static else None for i in range(len(args)))
+            checked = set(fixed_indices)
+            verified.extend(args[i].data_ptr() if i in checked else None for i in range(len(args)))
         return _call_writing_back(call, args, moved)
 
     return guarded
