@@ -137,6 +137,25 @@ def test_tensor_parallel_on_cpu(case: str, tmp_path: Path) -> None:
     check_tensor_parallel(case, tmp_path, "cpu", CPU_TOLERANCE)
 
 
+def test_compiled_all_reduce_overlaps_independent_compute(tmp_path: Path) -> None:
+    """Two gloo ranks compile a functional all-reduce that eager code waits for at once,
+    then a matmul that does not need it: ember's schedule issues the all-reduce, runs
+    the matmul and its kernel, and only then waits; the values are eager's."""
+    ranks = launch("overlap", tmp_path, "cpu")
+    for rank, result in enumerate(ranks):
+        pairs = zip(result["ember"]["outputs"], result["eager"]["outputs"], strict=True)
+        for actual, expected in pairs:
+            assert_close(actual, expected, CPU_TOLERANCE, f"overlap rank {rank}")
+        # The dump: the program, then "schedule <graph>:" and one line per step.
+        steps = result["ember"]["schedule"].split("\nschedule ")[1]
+        issue = steps.index("= _c10d_functional.all_reduce")
+        wait = steps.index("= _c10d_functional.wait_tensor")
+        assert issue < steps.index("= aten.mm") < wait, steps
+        assert issue < steps.index("kernel k", issue) < wait, steps
+    sums = [r["ember"]["outputs"][0] for r in ranks]
+    torch.testing.assert_close(sums[0], sums[1])  # the all-reduce ran across both ranks
+
+
 def two_gpus() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() >= WORLD
 
