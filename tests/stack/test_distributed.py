@@ -104,6 +104,11 @@ def check_data_parallel(case: str, tmp_path: Path, device: str, tol: dict[str, f
         assert any(g.startswith("backward") for g in names), names
         if case == "ddp":  # one graph per gradient bucket
             assert sum(g.startswith("forward") for g in names) >= 2, names
+    # Compile workers share the cores among the local ranks (LOCAL_WORLD_SIZE, as
+    # torchrun sets it): one per core but one per rank, 16 at most.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    shared = max(0, min(16, ((cores or 1) - WORLD) // WORLD))
+    assert [r["compile_workers"] for r in ranks] == [shared] * WORLD
     # The ranks saw different data but keep one model: the same parameters everywhere.
     assert ranks[0]["eager"]["losses"] != ranks[1]["eager"]["losses"]
     for name, value in ranks[0]["ember"]["params"].items():
