@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import ember.runtime  # noqa: F401  # registers backend="ember"
+from ember.runtime import compile_records  # importing it registers backend="ember"
 from ember.runtime.config import config
 from ember.runtime.models import TransformerBlock
 from ember.runtime.testing import no_eager_fallback
@@ -205,6 +206,29 @@ def tensor_parallel(module: type[nn.Module], plan: Callable[[], dict[str, Any]])
     return case
 
 
+def overlap(rank: int, device: torch.device, compiled: bool) -> Result:
+    """A functional all-reduce, waited for at once as eager code would, then compute
+    that does not need its result: compiled, the wait moves below that compute
+    (ember.scheduler.collectives). Returns the outputs and, compiled, the schedule."""
+    c10d = torch.ops._c10d_functional
+    group = dist.group.WORLD.group_name  # type: ignore[union-attr]
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        reduced = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", group))
+        independent = torch.relu(y @ y.t()).sum(0)
+        return reduced + 1, independent
+
+    g = torch.Generator().manual_seed(rank)  # each rank its own x: the sum is not 2x
+    x, y = (torch.randn(*size, generator=g).to(device) for size in ((8, 8), (16, 16)))
+    if not compiled:
+        return {"outputs": [whole(t) for t in step(x, y)]}
+    with tempfile.TemporaryDirectory() as debug, config.scope(debug_dir=debug):
+        outputs = torch.compile(step, backend="ember", fullgraph=True)(x, y)
+        schedules = [(Path(r.debug_dir) / "schedule.txt").read_text()
+                     for r in compile_records if r.debug_dir is not None]  # fmt: skip
+    return {"outputs": [whole(t) for t in outputs], "schedule": schedules[-1]}
+
+
 def mlp_plan() -> dict[str, Any]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -223,6 +247,7 @@ CASES: dict[str, Case] = {
     "fsdp": fsdp,
     "tp_mlp": tensor_parallel(FeedForward, mlp_plan),
     "tp_attention": tensor_parallel(Attention, attention_plan),
+    "overlap": overlap,
 }
 
 

@@ -104,6 +104,11 @@ def check_data_parallel(case: str, tmp_path: Path, device: str, tol: dict[str, f
         assert any(g.startswith("backward") for g in names), names
         if case == "ddp":  # one graph per gradient bucket
             assert sum(g.startswith("forward") for g in names) >= 2, names
+    # Compile workers share the cores among the local ranks (LOCAL_WORLD_SIZE, as
+    # torchrun sets it): one per core but one per rank, 16 at most.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    shared = max(0, min(16, ((cores or 1) - WORLD) // WORLD))
+    assert [r["compile_workers"] for r in ranks] == [shared] * WORLD
     # The ranks saw different data but keep one model: the same parameters everywhere.
     assert ranks[0]["eager"]["losses"] != ranks[1]["eager"]["losses"]
     for name, value in ranks[0]["ember"]["params"].items():
@@ -135,6 +140,25 @@ def test_data_parallel_training_on_cpu(case: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", ["tp_mlp", "tp_attention"])
 def test_tensor_parallel_on_cpu(case: str, tmp_path: Path) -> None:
     check_tensor_parallel(case, tmp_path, "cpu", CPU_TOLERANCE)
+
+
+def test_compiled_all_reduce_overlaps_independent_compute(tmp_path: Path) -> None:
+    """Two gloo ranks compile a functional all-reduce that eager code waits for at once,
+    then a matmul that does not need it: ember's schedule issues the all-reduce, runs
+    the matmul and its kernel, and only then waits; the values are eager's."""
+    ranks = launch("overlap", tmp_path, "cpu")
+    for rank, result in enumerate(ranks):
+        pairs = zip(result["ember"]["outputs"], result["eager"]["outputs"], strict=True)
+        for actual, expected in pairs:
+            assert_close(actual, expected, CPU_TOLERANCE, f"overlap rank {rank}")
+        # The dump: the program, then "schedule <graph>:" and one line per step.
+        steps = result["ember"]["schedule"].split("\nschedule ")[1]
+        issue = steps.index("= _c10d_functional.all_reduce")
+        wait = steps.index("= _c10d_functional.wait_tensor")
+        assert issue < steps.index("= aten.mm") < wait, steps
+        assert issue < steps.index("kernel k", issue) < wait, steps
+    sums = [r["ember"]["outputs"][0] for r in ranks]
+    torch.testing.assert_close(sums[0], sums[1])  # the all-reduce ran across both ranks
 
 
 def two_gpus() -> bool:

@@ -80,6 +80,23 @@ def test_fallback_disabled_is_an_error_naming_op_and_node() -> None:
     assert info.value.node_name.startswith("sigmoid")
 
 
+def test_functional_collectives_are_intentional_externs() -> None:
+    """A tensor-parallel graph's all-reduce and its wait are calls into the process
+    group by design: no fallback, and they lower with fallbacks disabled. (Traced with
+    fake tensors: no process group is needed.)"""
+    c10d = torch.ops._c10d_functional
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        return c10d.wait_tensor(c10d.all_reduce(x @ x, "sum", "0")) + 1
+
+    gm = make_fx(reduce, tracing_mode="fake")(torch.randn(4, 4))
+    program = lower_graph(gm, options=LoweringOptions(loops=True, allow_fallback=False))
+    ops = {str(n.op) for n in program.nodes if isinstance(n, ExternKernel)}
+    assert {"_c10d_functional.all_reduce.default", "_c10d_functional.wait_tensor.default"} <= ops
+    assert not program.fallback_ops
+    assert not any(n.fallback for n in program.nodes if isinstance(n, ExternKernel))
+
+
 def test_verifier_rejects_a_dangling_read() -> None:
     gm = make_fx(lambda x: x.exp())(torch.randn(3))
     program = lower_graph(gm)

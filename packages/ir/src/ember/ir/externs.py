@@ -7,6 +7,8 @@ error under EMBER_FALLBACK=0). Everything else without a lowering is a fallback.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 aten = torch.ops.aten
@@ -41,9 +43,33 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
     # results whose size depends on the data: the IR's sizes are known before running
     "data_dependent": ("nonzero", "masked_select"),
 }  # fmt: skip
+# torch.distributed's functional collectives: calls into a process group by design
+# (the issue returns at once, `wait_tensor` waits; ember.scheduler.collectives orders
+# them for overlap). Absent where torch is built without distributed.
+COMMUNICATION: tuple[str, ...] = (
+    "all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_",
+    "all_gather_into_tensor", "all_gather_into_tensor_coalesced", "all_gather_into_tensor_out",
+    "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_out",
+    "all_to_all_single", "broadcast", "broadcast_", "wait_tensor", "wait_tensors",
+)  # fmt: skip
+
+
+def _communication_ops() -> list[torch._ops.OpOverloadPacket]:
+    found = []
+    for name in COMMUNICATION:
+        with contextlib.suppress(AttributeError, RuntimeError):
+            found.append(getattr(torch.ops._c10d_functional, name))
+    return found
+
+
 INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
-    getattr(aten, name)
-    for names in _EXTERN_GROUPS.values()
-    for name in names
-    if hasattr(aten, name)
+    [
+        *(
+            getattr(aten, name)
+            for names in _EXTERN_GROUPS.values()
+            for name in names
+            if hasattr(aten, name)
+        ),
+        *_communication_ops(),
+    ]
 )

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import sympy
 
 from ember.ir import InputBuffer, Layout, Load, Program, iter_refs, walk
+from ember.scheduler.collectives import collective_arguments
 from ember.scheduler.indexing import hint
 from ember.scheduler.kernel import POINTWISE, FusedKernel
 from ember.scheduler.schedule import Allocation, ExternCall, KernelStep, MemoryPlan, Step
@@ -49,13 +50,15 @@ def plan_memory(program: Program, steps: Sequence[Step]) -> MemoryPlan:
 
     # Buffers another name may alias: arguments of views, and of externs that write
     # their arguments in place (`sort.values(x, values=buf)` returns `buf` itself).
-    # Their storage is never handed to a later buffer.
+    # And arguments of collectives, which the communication may read after the issue
+    # returns (ember.scheduler.collectives). Their storage is never handed to a later
+    # buffer.
     aliased = {
         name
         for step in steps
         if isinstance(step, ExternCall) and (not step.launches_kernel or step.node.writes_arguments)
         for name in step.reads()
-    }
+    } | collective_arguments(steps)
     ours: dict[str, Layout] = {}  # buffers ember allocates (reusable storage)
     plan = MemoryPlan(allocations=[[] for _ in steps], frees_after=[[] for _ in steps])
     for node in program.inputs:

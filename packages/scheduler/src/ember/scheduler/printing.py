@@ -45,9 +45,10 @@ def format_schedule(schedule: Schedule) -> str:
             lines.append(f"  alloc  {a.name}{how}")
         if isinstance(step, KernelStep):
             lines += ["  " + line for line in format_kernel(step.kernel).splitlines()]
+        elif isinstance(step, ExternCall):
+            lines.append(f"  extern {step.name} = {step.node.op}")
         else:
-            kind = "extern" if isinstance(step, ExternCall) else "select"
-            lines.append(f"  {kind:<7}{step.name}")
+            lines.append(f"  select {step.name}")
         if memory.frees_after[index]:
             lines.append(f"  free   {', '.join(memory.frees_after[index])}")
     lines.append(

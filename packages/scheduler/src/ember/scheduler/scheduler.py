@@ -5,6 +5,7 @@ from __future__ import annotations
 from ember.ir import ComputedBuffer, ExternKernel, MultiOutput, Program
 from ember.scheduler.build import build_kernels
 from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
+from ember.scheduler.collectives import overlap_collectives
 from ember.scheduler.fusion import Fuser
 from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import ExternCall, KernelStep, Schedule, SelectOutput, Step
@@ -16,7 +17,9 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
     kernels, order the steps, plan memory.
 
     Steps run in program order, each kernel at the place of its first member (fusion
-    only ever moves a node up to a group whose inputs are all ready by then). The
+    only ever moves a node up to a group whose inputs are all ready by then), except
+    functional collectives: each is issued as early and waited for as late as its data
+    allows, so that communication overlaps compute (ember.scheduler.collectives). The
     schedule's `program` is the one its kernels compute: `program` itself, or a copy
     with split reductions (ember.scheduler.split) and their partial buffers.
     """
@@ -35,4 +38,5 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
                 steps.append(KernelStep(kernel))
         else:  # pragma: no cover - the IR has no other compute node
             raise TypeError(f"cannot schedule {type(node).__name__} {node.name!r}")
+    steps = overlap_collectives(program, steps)
     return Schedule(program, steps, plan_memory(program, steps))
