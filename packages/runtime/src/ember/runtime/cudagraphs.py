@@ -54,7 +54,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ember.graphpasses.effects import written_args
+from ember.graphpasses.effects import mutated_storages, storage_key
 from ember.runtime.layouts import pointers_equal
 
 log = logging.getLogger("ember.runtime")
@@ -106,29 +106,6 @@ def memory_pool(device: int) -> Any:
         return entry[0]
 
 
-def _base_placeholders(node: torch.fx.Node) -> set[torch.fx.Node]:
-    """The placeholders `node` may be a view of (a written view writes its base)."""
-    found: set[torch.fx.Node] = set()
-    stack, seen = [node], set()
-    while stack:
-        current = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        if current.op == "placeholder":
-            found.add(current)
-        elif current.op == "call_function" and _returns_alias(current):
-            stack.extend(current.all_input_nodes)
-    return found
-
-
-def _returns_alias(node: torch.fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    if schema is None:
-        return True  # unknown: assume it may be a view
-    return any(r.alias_info is not None for r in schema.returns)
-
-
 def graph_blocker(gm: torch.fx.GraphModule, static_inputs: Sequence[int], check: str) -> str | None:
     """Why the graph `gm` (ATen, `meta['val']` on its nodes) cannot be recorded as a
     CUDA graph, or None where it can."""
@@ -155,12 +132,12 @@ def graph_blocker(gm: torch.fx.GraphModule, static_inputs: Sequence[int], check:
         return "the graph has CPU tensors"
     if len(devices) != 1:
         return "the graph has no CUDA tensor" if not devices else "the graph spans devices"
+    written = mutated_storages(gm.graph.nodes)  # views share their base's storage
+    static = set(static_inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    static = {placeholders[i] for i in static_inputs if i < len(placeholders)}
-    for node in gm.graph.nodes:
-        for written in written_args(node):
-            for base in _base_placeholders(written) - static:
-                return f"node {node.name} writes input {base.name}, which is not a parameter"
+    for index, node in enumerate(placeholders):
+        if index not in static and storage_key(node.meta.get("val")) in written:
+            return f"the graph writes input {node.name}, which is not a parameter"
     return None
 
 
@@ -177,7 +154,7 @@ class _Output:
     """How one result of a recording reaches the caller at each replay."""
 
     kind: str  # "value", "alias" (of input `index`), "copy" (into a fresh tensor), "bytes"
-    value: Any = None
+    value: Any = None  # a "value" result itself; for "bytes", the result's dtype
     index: int = 0  # the input aliased, or the byte buffer shared with other results
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
