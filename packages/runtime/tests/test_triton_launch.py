@@ -1,22 +1,18 @@
-"""The direct launch path: its guard, and the count of launches that miss it.
+"""Ember's own Triton compile and launch path.
 
-The guard: the direct path may bypass Triton's jit only while no launch hook (a
-profiler's) is registered. Triton 3.6+ keeps each hook as a HookChain that is never
-None; an empty one must count as no hook (before this was understood, every launch
-took the slow jit path), a non-empty one must send launches through the jit.
+On the CPU: the specialisation ember builds for `triton.compile` from a rendered
+kernel (a type per argument, block sizes as constants, the alignment assumption as
+an attribute), and the checks on a compiled binary's description (a binary that
+declares other parameters than the signature, or needs launch features ember's
+launcher does not give, is refused with a reason instead of being launched wrongly).
 
-The count: a launch through the jit after a kernel's first call for its sizes is
-counted in `jit_launches` with its reason; on CUDA, no kernel of a few representative
-models may take that path.
+On CUDA: representative models run through bound launches only (no buffer needed
+the unaligned variant), a buffer that is not 16-byte aligned gets the unaligned
+variant and the right values, and a worker's binary launches here.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,189 +20,115 @@ from typing import Any
 
 import pytest
 import torch
-import triton
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ember.graphpasses import ember_decompositions
 from ember.ir import LoweringOptions, lower_graph
-from ember.runtime.triton_kernels import _hooks_active
-from ember.scheduler import schedule_program
+from ember.runtime import compile_pool
+from ember.runtime import triton_kernels as tk
+from ember.runtime.compile_worker import count_parameters
+from ember.scheduler import FusedKernel, schedule_program
 
 
-def test_empty_hook_chains_are_no_hooks() -> None:
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is None:
-        pytest.skip(f"triton {triton.__version__} has no knobs.runtime (the guard says None)")
-    assert _hooks_active() is False
-    chain = runtime.launch_enter_hook
-    if not hasattr(chain, "add"):
-        pytest.skip("this Triton's launch hook is not a HookChain")
-
-    def hook(*args: object) -> None:
-        pass
-
-    chain.add(hook)
-    try:
-        assert _hooks_active() is True
-    finally:
-        chain.remove(hook)
-    assert _hooks_active() is False
-
-
-# -- counting launches that take Triton's jit path -------------------------------------
-
-
-def test_jit_launches_after_the_first_call_are_counted_with_their_reason() -> None:
-    """In Triton's interpreter (a subprocess: TRITON_INTERPRET must be set before the
-    kernels are defined) the direct path is unavailable, so every call after the
-    first goes through the jit and is counted; a direct launch that refuses a call (a
-    launch hook, a misaligned buffer) is counted with that reason, and falls back to a
-    jit launch that still computes the right values."""
-    done = subprocess.run(
-        [sys.executable, __file__, "count-jit-launches"],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
-    seen = json.loads(lines[-1])
-    interpreter, hooked, misaligned = seen["interpreter"], seen["hooked"], seen["misaligned"]
-    # first call: no count; the next two: counted, logged once, at INFO (expected there)
-    assert interpreter["counts"] == [0, 1, 2]
-    assert interpreter["reason"] == "Triton's interpreter runs every launch (TRITON_INTERPRET=1)"
-    assert interpreter["logs"] == [["INFO", interpreter["reason"]]]
-    # a direct launch: taken without a hook (no count), refused with one (counted)
-    assert hooked["direct_runs"] == [1, 1] and hooked["counts"] == [0, 1]
-    assert hooked["reason"] == "a launch hook (a profiler's) is registered with Triton"
-    assert hooked["right_values"] is True
-    # a misaligned buffer: counted, named, and logged once as a warning
-    assert misaligned["direct_runs"] == 0 and misaligned["counts"] == [1, 2]
-    assert misaligned["reason"].startswith("buffer ") and "16-byte aligned" in misaligned["reason"]
-    assert [level for level, _ in misaligned["logs"]] == ["WARNING"]
-    assert misaligned["right_values"] is True
-
-
-def _count_jit_launches() -> dict[str, Any]:
-    """The subprocess of the test above: one small kernel, launched in the interpreter."""
-    from types import SimpleNamespace
-
-    from ember.runtime import triton_kernels as tk
-
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    logger = logging.getLogger("ember.runtime")
-    logger.addHandler(Keep())
-    logger.setLevel(logging.INFO)
-
-    def logs() -> list[list[str]]:
-        marker = "(slower per launch): "  # the reason follows
-        found = [[r.levelname, r.getMessage().split(marker, 1)[-1]] for r in records]
-        records.clear()
-        return found
-
-    x = torch.randn(4, 32)
-    gm = make_fx(lambda a: a * 2 + 1, decomposition_table=ember_decompositions())(x)
+def _kernel(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> FusedKernel:
+    gm = make_fx(fn, decomposition_table=ember_decompositions(), tracing_mode="symbolic")(*inputs)
     schedule = schedule_program(lower_graph(gm, options=LoweringOptions(loops=True)))
     (kernel,) = schedule.kernels
-    assert not kernel.size_arguments()
+    return kernel
 
-    def launcher_and_call() -> tuple[Any, Callable[[torch.Tensor], torch.Tensor]]:
-        with tempfile.TemporaryDirectory() as cache:
-            (launcher,) = tk.compile_triton_kernels([kernel], cache_dir=Path(cache)).values()
 
-        def call(inp: torch.Tensor) -> torch.Tensor:
-            out = torch.full_like(inp, float("nan"))
-            launcher(*[out if b in kernel.outputs else inp for b in kernel.buffer_arguments()])
-            return out
+def _launcher(kernel: FusedKernel) -> tk.TritonLauncher:
+    cache = Path(tempfile.mkdtemp(prefix="ember-launch-test-"))  # the worker reads the source
+    (launcher,) = tk.compile_triton_kernels([kernel], cache_dir=cache).values()
+    assert isinstance(launcher, tk.TritonLauncher)
+    return launcher
 
-        return launcher, call
 
-    name = kernel.name
-    seen: dict[str, Any] = {}
-    launcher, call = launcher_and_call()
-    counts = []
-    for _ in range(3):
-        call(x)
-        counts.append(tk.jit_launches.get(name, 0))
-    seen["interpreter"] = {"counts": counts, "reason": tk.jit_launch_reasons[name], "logs": logs()}
+def test_the_specialisation_comes_from_the_rendered_kernel() -> None:
+    x = torch.randn(4, 32)
+    launcher = _launcher(_kernel(lambda a: (a * 2 + 1).to(torch.bfloat16), x))
+    kernel = launcher.kernel
+    assert kernel.size_arguments  # symbolic sizes: passed as ints
+    config = kernel.configs[0]
+    request = launcher.request(tk.Variant(config), ("cuda", 90, 32))
+    types = list(request.signature.values())
+    buffers = len(kernel.buffer_arguments)
+    pointer_types = {torch.float32: "*fp32", torch.bfloat16: "*bf16"}
+    assert types[:buffers] == [pointer_types[d] for d in kernel.buffer_dtypes]
+    sizes = types[buffers : buffers + len(kernel.size_arguments)]
+    assert sizes == ["i32"] * len(kernel.size_arguments)
+    blocks = dict(config.blocks)
+    names = list(request.signature)
+    assert {names[i]: v for (i,), v in request.constexprs.items()} == blocks
+    assert all(request.signature[n] == "constexpr" for n in blocks)
+    assert set(request.attrs) == {(i,) for i in range(buffers)}  # aligned pointers only
+    assert request.options["num_warps"] == config.num_warps
+    assert request.function == kernel.function_name and Path(request.path).exists()
 
-    # A direct launch bound to a stand-in binary that records its runs.
-    direct_runs = [0]
+    wide = launcher.request(tk.Variant(config, wide=True), ("cuda", 90, 32))
+    assert list(wide.signature.values())[buffers] == "i64"
+    loose = launcher.request(tk.Variant(config, aligned=False), ("cuda", 90, 32))
+    assert loose.attrs == {}
+    _, kinds = launcher.signature(tk.Variant(config))
+    assert kinds == ["p"] * buffers + ["i32"] * len(kernel.size_arguments)
 
-    def run(*args: Any) -> None:
-        direct_runs[0] += 1
 
-    binary = SimpleNamespace(run=run, function=None, packed_metadata=None)
-    tk._stream = lambda device: 0  # no CUDA stream here
-    names = kernel.buffer_arguments()
-    launcher._direct[()] = tk._DirectLaunch(binary, (1, 1, 1), [], [], 0, names)
-    tk.jit_launches.clear()
-    counts, runs = [], []
-    call(x)  # no hook: the stand-in runs, nothing goes through the jit
-    counts.append(tk.jit_launches.get(name, 0))
-    runs.append(direct_runs[0])
-    chain = triton.knobs.runtime.launch_enter_hook
+def _reply(**changes: Any) -> dict[str, Any]:
+    reply = {
+        "symbol": "k", "image": b"\0", "params": 5, "threads": 128, "shared": 0,
+        "num_ctas": 1, "cluster": [1, 1, 1], "scratch": 0, "scratch_align": 1,
+        "profile_scratch": 0, "cooperative": False, "pdl": False, "triton": "x",
+    }  # fmt: skip
+    reply.update(changes)
+    return reply
 
-    def hook(*args: object) -> None:
-        pass
 
-    chain.add(hook)
-    try:
-        out = call(x)
-    finally:
-        chain.remove(hook)
-    counts.append(tk.jit_launches.get(name, 0))
-    runs.append(direct_runs[0])
-    seen["hooked"] = {
-        "counts": counts,
-        "direct_runs": runs,
-        "reason": tk.jit_launch_reasons[name],
-        "right_values": bool(torch.equal(out, x * 2 + 1)),
-    }
+def test_binary_descriptions_are_checked() -> None:
+    kinds = ["p", "p", "i32"]
+    binary = tk.KernelBinary.from_reply(_reply(), kinds)
+    assert binary.kinds == ("p", "p", "i32", "p", "p")  # Triton's two scratch pointers
+    assert tk.KernelBinary.from_reply(_reply(params=3), kinds).kinds == tuple(kinds)
+    for changes, words in [
+        ({"params": 2}, "declares 2 parameters"),
+        ({"params": 6}, "declares 6 parameters"),
+        ({"params": -1}, "declares -1 parameters"),
+        ({"cooperative": True}, "cooperative launch"),
+        ({"pdl": True}, "programmatic dependent launch"),
+        ({"profile_scratch": 64}, "profiling scratch"),
+        ({"num_ctas": 2}, "clusters"),
+    ]:
+        with pytest.raises(tk.UnsupportedBinary, match=words):
+            tk.KernelBinary.from_reply(_reply(**changes), kinds)
 
-    # A fresh launcher (its own log-once flag) given a buffer whose storage starts 4
-    # bytes past a 16-byte boundary.
-    launcher, call = launcher_and_call()
-    launcher._direct[()] = tk._DirectLaunch(binary, (1, 1, 1), [], [], 0, names)
-    raw = bytearray(x.numel() * 4 + 64)
-    base = torch.frombuffer(raw, dtype=torch.uint8).data_ptr()
-    skip = next(k for k in range(0, 64, 4) if (base + k) % 16 == 4)
-    shifted = torch.frombuffer(raw, dtype=torch.float32, offset=skip, count=x.numel())
-    shifted = shifted.view(x.shape)
-    shifted.copy_(x)
-    assert shifted.data_ptr() % 16 == 4 and shifted.storage_offset() == 0
-    tk.jit_launches.clear()
-    direct_runs[0] = 0
-    counts = []
-    for _ in range(2):
-        out = call(shifted)
-        counts.append(tk.jit_launches.get(name, 0))
-    seen["misaligned"] = {
-        "counts": counts,
-        "direct_runs": direct_runs[0],
-        "reason": tk.jit_launch_reasons[name],
-        "logs": logs(),
-        "right_values": bool(torch.equal(out, x * 2 + 1)),
-    }
-    return seen
+
+def test_parameters_are_counted_from_the_entry_declaration() -> None:
+    ptx = """
+.visible .entry other(.param .u64 a)
+.visible .entry kern(
+	.param .u64 .ptr .global .align 1 kern_param_0,
+	.param .u32 kern_param_1,
+	.param .u64 .ptr .global .align 1 kern_param_2
+)
+"""
+    assert count_parameters(ptx, "kern") == 3
+    assert count_parameters(ptx, "other") == 1
+    assert count_parameters(ptx, "missing") == -1
+
+
+# -- on a GPU --------------------------------------------------------------------------
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["mlp", "transformer_block", "cnn"])
 @pytest.mark.parametrize("mode", ["inference", "train"])
-def test_no_kernel_takes_the_jit_path_after_its_first_call(name: str, mode: str) -> None:
+def test_models_launch_through_bound_launches(name: str, mode: str) -> None:
     """Representative models in bf16 on CUDA, compiled with ember and run three times:
-    every Triton launch after a kernel's first call for its sizes is direct."""
+    every launcher bound its sizes and no launch needed the unaligned variant."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from ember.runtime import triton_kernels as tk
+    import gc
+
     from ember.runtime.bench.blocks import CNNBlock
     from ember.runtime.models import MLP, TransformerBlock
     from ember.runtime.testing import no_eager_fallback
@@ -222,9 +144,10 @@ def test_no_kernel_takes_the_jit_path_after_its_first_call(name: str, mode: str)
     model, x = models[name]()
     model = model.to(device="cuda", dtype=torch.bfloat16)
     x = x.to(device="cuda", dtype=torch.bfloat16)
+    # type() rather than isinstance: gc also lists dead weak proxies
+    before = {id(o) for o in gc.get_objects() if type(o) is tk.TritonLauncher}
     compiled = torch.compile(model, backend="ember")
-    tk.jit_launches.clear()
-    tk.jit_launch_reasons.clear()
+    tk.unaligned_launches.clear()
     with no_eager_fallback() as graphs:
         for _ in range(3):
             if mode == "inference":
@@ -236,9 +159,78 @@ def test_no_kernel_takes_the_jit_path_after_its_first_call(name: str, mode: str)
                 compiled(x).float().square().mean().backward()
         torch.cuda.synchronize()
     assert sum(g.fused_kernels for g in graphs) > 0  # Triton kernels did launch
-    assert tk.jit_launches == {}, tk.jit_launch_reasons
+    assert tk.unaligned_launches == {}
+    launchers = [
+        o for o in gc.get_objects() if type(o) is tk.TritonLauncher and id(o) not in before
+    ]
+    assert launchers and all(launcher._bound for launcher in launchers)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["count-jit-launches"]:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    print(json.dumps(_count_jit_launches()), flush=True)
+@pytest.mark.cuda
+def test_an_unaligned_buffer_launches_the_unaligned_variant() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(1000, device="cuda")
+    kernel = _kernel(lambda a: a * 2 + 1, x)
+    launcher = _launcher(kernel)
+
+    def call(inp: torch.Tensor) -> torch.Tensor:
+        out = torch.full_like(inp, float("nan"))
+        buffers = [out if b in kernel.outputs else inp for b in kernel.buffer_arguments()]
+        launcher(*buffers, *_sizes(kernel, inp))
+        return out
+
+    tk.unaligned_launches.clear()
+    torch.testing.assert_close(call(x), x * 2 + 1)
+    assert tk.unaligned_launches == {}
+    # a tensor whose storage starts 4 bytes past a 16-byte boundary (the caching
+    # allocator's storages never do; external memory may)
+    raw = torch.empty(1004, device="cuda")
+    storage = torch._C._construct_storage_from_data_pointer(raw.data_ptr() + 4, raw.device, 4000)
+    unaligned = torch.empty(0, device="cuda").set_(storage, 0, (1000,), (1,))
+    unaligned.copy_(x)
+    assert unaligned.data_ptr() % 16 == 4 and unaligned.storage_offset() == 0
+    for _ in range(2):
+        torch.testing.assert_close(call(unaligned), x * 2 + 1)
+    assert tk.unaligned_launches == {kernel.name: 2}
+
+
+@pytest.mark.cuda
+def test_a_worker_compiled_binary_launches_here() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from ember.runtime.config import config
+
+    x = torch.randn(1000, device="cuda")
+    kernel = _kernel(lambda a: a * 3 - 2, x)
+    compile_pool._close_all()  # start one worker of our own
+    try:
+        with config.scope(compile_workers=1):
+            device = torch.device("cuda", torch.cuda.current_device())
+            assert compile_pool.start(compile_pool.cuda_target(device)) == 1
+            assert compile_pool.workers()[0].ready.wait(120)
+            launcher = _launcher(kernel)
+            pending = launcher.pending
+            assert pending is not None
+            pending.finish()
+            assert pending._session.by_workers == len(kernel_configs := launcher.kernel.configs)
+            assert all(
+                isinstance(launcher.binaries[tk.Variant(c)], tk.KernelBinary)
+                for c in kernel_configs
+            )
+    finally:
+        compile_pool._close_all()
+    out = torch.empty_like(x)
+    launcher(
+        *[out if b in kernel.outputs else x for b in kernel.buffer_arguments()], *_sizes(kernel, x)
+    )
+    torch.testing.assert_close(out, x * 3 - 2)
+
+
+def _sizes(kernel: FusedKernel, x: torch.Tensor) -> list[int]:
+    """The size arguments of a kernel traced symbolically over the 1-D `x`: its
+    length, and its storage offset."""
+    return [
+        x.storage_offset() if s.name.startswith("offset") else x.numel()
+        for s in kernel.size_arguments()
+    ]

@@ -7,17 +7,14 @@ full speed, so they do not hold the interpreter lock; still, threads in one proc
 serialise somewhere inside Triton's compiler, and processes do not.
 
 Why workers import Triton only (ember/runtime/compile_worker.py, run by file path).
-Workers that imported torch and compiled through Triton's jit took 16 s to start (15
-at once), longer than most graphs take to compile, so they were off by default. A
-worker that imports Triton alone is ready in about 1.5 s, including its first
-compile (Triton loading its compiler libraries), well inside the seconds Dynamo and
-AOTAutograd trace before ember sees a graph. Such a worker cannot run Triton's jit
-(the jit's driver imports torch), so this process *captures* each compile: it runs
-the jit's warm-up with the kernel's compile step replaced by a recorder (`capture`),
-which keeps the source specialisation (signature, constants, attributes), the target
-and the options the jit would compile with. A worker compiles exactly that, which
-writes the binary under the key this process computes; this process's own warm-up
-then finds it in the cache and only loads it.
+Workers that imported torch took 16 s to start (15 at once), longer than most graphs
+take to compile. A worker that imports Triton alone is ready in about 1.5 s,
+including its first compile (Triton loading its compiler libraries), well inside
+the seconds Dynamo and AOTAutograd trace before ember sees a graph. A request is
+everything `triton.compile` takes, built by ember from the kernel it rendered
+(`CompileRequest`); the reply is the binary itself (ember.runtime.triton_kernels
+loads and launches it through the CUDA driver), so nothing is shared through
+Triton's caches or its jit.
 
 Workers are plain subprocesses speaking pickled messages over stdin/stdout, not
 multiprocessing children: a spawned child re-imports the user's main script, which
@@ -31,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import importlib
 import logging
@@ -41,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -56,151 +52,33 @@ _WORKER_SCRIPT = Path(__file__).with_name("compile_worker.py")
 
 @dataclass(frozen=True)
 class CompileRequest:
-    """What Triton's jit would hand `triton.compile` for one kernel specialisation,
-    in values a worker can unpickle with Triton alone."""
+    """One kernel specialisation for `triton.compile`, in values a worker can
+    unpickle with Triton alone (see `compile_worker.compile_binary`)."""
 
     path: str  # the kernel module's file
     module: str  # the module name this process loaded it under
     function: str
     signature: dict[str, str]
-    constants: dict[Any, Any]
-    attrs: dict[Any, Any]
-    target: tuple[str, Any, int]  # Triton's GPUTarget: backend, arch, warp size
+    constexprs: dict[tuple[int, ...], Any]
+    attrs: dict[tuple[int, ...], Any]
+    target: tuple[str, int, int]  # Triton's GPUTarget: backend, arch, warp size
     options: dict[str, Any]
-    # whether the worker also builds the C launcher (the first request of its
-    # argument signature in this process; see compile_worker.build_launcher); the
-    # session loads the signature's other jobs after this one is answered
-    launcher: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @functools.cached_property
     def payload(self) -> bytes:
         """The request as a worker reads it: its fields, pickled (once)."""
-        return pickle.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+        return pickle.dumps(self.as_dict())
 
 
-class _Captured(Exception):
-    def __init__(self, source: Any, target: Any, options: Any) -> None:
-        super().__init__("compile captured")
-        self.source, self.target, self.options = source, target, options
+def compile_here(request: CompileRequest) -> dict[str, Any]:
+    """Compile `request` in this process (the worker's own function)."""
+    wait_prepared()
+    from ember.runtime.compile_worker import compile_binary
 
-
-def capture(fn: Any, path: str, device: int, warm: Callable[[], object]) -> CompileRequest | None:
-    """The compile request `warm()` (a warm-up of the jit function `fn`, defined in the
-    file at `path`, on CUDA device `device`) would make, without compiling: None
-    where it makes none (the kernel is already compiled in this process) or where
-    this Triton's jit does not work the way this relies on (it then compiles here).
-
-    Triton's jit compiles through its `compile` attribute, which it sets when it first
-    binds arguments for a device; binding first and then replacing the attribute
-    catches the call, and the original goes back afterwards."""
-    caches = getattr(fn, "device_caches", None)
-    if caches is None:
-        return None
-    with _capturing:
-        return _capture(fn, caches, path, device, warm)
-
-
-_capturing = threading.Lock()  # one capture at a time: each swaps a jit attribute
-
-
-def _capture(
-    fn: Any, caches: Any, path: str, device: int, warm: Callable[[], object]
-) -> CompileRequest | None:
-    try:
-        on_device = torch.cuda.device(device) if torch.cuda.is_available() else None
-        with on_device or contextlib.nullcontext():
-            caches[device]  # binds (and sets fn.compile) without compiling
-        original = fn.compile
-    except Exception as exc:
-        log.debug("no compile capture for %s: binding failed: %r", path, exc)
-        return None
-
-    def record(source: Any, target: Any = None, options: Any = None, **_: Any) -> Any:
-        raise _Captured(source, target, options)
-
-    fn.compile = record
-    try:
-        warm()
-    except _Captured as captured:
-        return _request(fn, path, captured)
-    except Exception as exc:
-        log.debug("no compile capture for %s: the warm-up failed: %r", path, exc)
-        return None
-    finally:
-        fn.compile = original
-    log.debug("no compile capture for %s: the warm-up compiled nothing", path)
-    return None
-
-
-def _request(fn: Any, path: str, captured: _Captured) -> CompileRequest | None:
-    source, target, options = captured.source, captured.target, captured.options
-    try:
-        request = CompileRequest(
-            path=path,
-            module=fn.__module__,
-            function=fn.__name__,
-            signature=dict(source.signature),
-            constants=dict(source.constants),
-            attrs=dict(source.attrs),
-            target=(target.backend, target.arch, target.warp_size),
-            options=dict(options),
-        )
-        request.payload  # noqa: B018  # a value a worker cannot receive: compile here
-    except Exception as exc:
-        log.debug("no compile capture for %s: %r", path, exc)
-        return None
-    # only a request that will be sent may promise its signature's launcher
-    if _builds_launchers() and _first_of_signature(request.signature):
-        request = dataclasses.replace(request, launcher=True)
-    return request
-
-
-@functools.cache
-def _builds_launchers() -> bool:
-    """Whether this Triton builds a C launcher per argument signature (3.6 does;
-    later ones launch through one generic launcher, and nothing needs to wait)."""
-    try:
-        import importlib
-
-        return hasattr(importlib.import_module("triton.backends.nvidia.driver"), "make_launcher")
-    except Exception:
-        return False
-
-
-# Per argument signature (a C launcher is built per signature): set once the request
-# that asked a worker to build its launcher is answered. Other jobs of the signature
-# load after that, or the parent would build the same launcher meanwhile.
-_launchers: dict[tuple[str, ...], threading.Event] = {}
-_launchers_lock = threading.Lock()
-_LAUNCHER_WAIT_S = 10.0  # a safety net: a job that waited in vain builds it itself
-
-
-def _signature_key(signature: Any) -> tuple[str, ...]:
-    return tuple(str(t) for t in dict(signature).values())
-
-
-def _first_of_signature(signature: Any) -> bool:
-    """Whether no request of this process had this argument signature before."""
-    key = _signature_key(signature)
-    with _launchers_lock:
-        if key in _launchers:
-            return False
-        _launchers[key] = threading.Event()
-        return True
-
-
-def _launcher_settled(request: CompileRequest) -> None:
-    """The launcher-building `request` is answered (or dropped)."""
-    if request.launcher:
-        event = _launchers.get(_signature_key(request.signature))
-        if event is not None:
-            event.set()
-
-
-def _wait_for_launcher(request: CompileRequest) -> None:
-    event = _launchers.get(_signature_key(request.signature))
-    if event is not None and not request.launcher:
-        event.wait(_LAUNCHER_WAIT_S)
+    return compile_binary(request.as_dict())
 
 
 class _Worker:
@@ -222,19 +100,21 @@ class _Worker:
             if self._read() == "ready":
                 self.ready.set()
 
-    def _read(self) -> str:
+    def _read(self) -> Any:
         assert self.process.stdout is not None
-        return str(pickle.load(self.process.stdout))
+        return pickle.load(self.process.stdout)
 
-    def run(self, payload: bytes) -> str:
-        """Compile a request (its `payload`): 'ok', or what went wrong."""
+    def run(self, payload: bytes) -> dict[str, Any] | str:
+        """Compile a request (its `payload`): the binary's description, or what went
+        wrong."""
         stdin = self.process.stdin
         assert stdin is not None
         try:
             with self._lock:
                 stdin.write(payload)
                 stdin.flush()
-                return self._read()
+                reply = self._read()
+            return reply if isinstance(reply, (dict, str)) else f"unexpected reply {reply!r}"
         except EOFError:
             return "worker exited"
         except (OSError, pickle.UnpicklingError) as exc:
@@ -254,9 +134,9 @@ class _Worker:
 
 
 _workers: list[_Worker] = []
-# Thread-seconds spent waiting on workers and loading what they compiled, summed over
-# graphs, for compile-time profiles (benchmarks/compile_profile.py).
-busy_seconds = {"in workers": 0.0, "loading": 0.0}
+# Thread-seconds spent waiting on workers and compiling here, summed over graphs, for
+# compile-time profiles (benchmarks/compile_profile.py).
+busy_seconds = {"in workers": 0.0, "here": 0.0}
 _busy_lock = threading.Lock()
 
 
@@ -306,36 +186,27 @@ def workers() -> list[_Worker]:
 
 
 _preparing: list[threading.Thread] = []
-_driver_ready = threading.Event()
 _key_ready = threading.Event()
 
 
 def prepare_here() -> None:
-    """Start (once) two threads doing the one-time Triton work of this process that
-    would otherwise fall on the first compile, while Dynamo and AOTAutograd trace:
+    """Start (once) two threads doing one-time work of this process that would
+    otherwise fall on the first compile, while Dynamo and AOTAutograd trace:
 
-    - Triton's CUDA driver object, which builds (or loads) Triton's C utilities with
-      the host C compiler, 0.4 s; a capture needs it (`wait_prepared("driver")`);
     - Triton's cache key of itself (`triton_key`: a hash of its compiler's files and
-      its 100+ MB shared library), 1.0-2.0 s on the H100 machine; a compile or a load
-      needs it, a capture does not. It is computed once per process, but not under
-      a lock: in a fresh process every thread that loaded a kernel at once computed
-      it again (resnet50: 12.5 thread-s), so jobs wait for this one (`wait_prepared()`).
+      its 100+ MB shared library), 1.0-2.0 s on the H100 machine; a compile here
+      needs it. It is computed once per process, but not under a lock: in a fresh
+      process every thread that compiled at once computed it again (resnet50: 12.5
+      thread-s), so compiles here wait for this one (`wait_prepared()`);
+    - imports the first CUDA compile makes lazily (`_prepare_imports`); the import
+      system's module locks make the compile's own import wait for it instead of
+      repeating it.
 
-    Both mostly wait on a subprocess or hash outside the interpreter lock, so they
-    run side by side. Both are cached by Triton, so this changes no result; a failure
-    here is left to the compile that needs the same thing, which reports it.
-
-    A third thread imports what the first CUDA compile imports lazily
-    (`_prepare_imports`); the import system's module locks make the compile's own
-    import wait for it instead of repeating it."""
+    Both are cached, so this changes no result; a failure here is left to the
+    compile that needs the same thing, which reports it."""
     if _preparing:
         return
-    for work, done in (
-        (_prepare_driver, _driver_ready),
-        (_prepare_key, _key_ready),
-        (_prepare_imports, threading.Event()),
-    ):
+    for work, done in ((_prepare_key, _key_ready), (_prepare_imports, threading.Event())):
         thread = threading.Thread(
             target=_then_set, args=(work, done), name="ember-triton-prepare", daemon=True
         )
@@ -352,24 +223,13 @@ def _then_set(work: Callable[[], object], done: threading.Event) -> None:
         done.set()
 
 
-def _prepare_driver() -> None:
-    from triton.runtime import driver
-
-    driver.active.get_current_target()
-    # Triton 3.6 imports its gluon layer at a kernel's first capture (0.16 s under
-    # `-X importtime`); here, before captures may start, it cannot race theirs
-    with contextlib.suppress(ImportError):
-        importlib.import_module("triton.experimental.gluon.nvidia.hopper")
-
-
 def _prepare_imports() -> None:
     """Modules a fresh process's first CUDA compile imports on its critical path
     (`python -X importtime` of attention's first training step, H100 machine): sympy's
     `sympy.tensor.tensor` (0.19 s with `sympy.combinatorics`), which sympy imports at
-    its first sum of expressions, in the lowering; and ember's Triton codegen
-    (0.07 s), imported when the compiler asks which ops it renders. Mostly file reads
-    (that machine's file system is slow to stat), so they overlap the tracing."""
-    for name in ("sympy.tensor.tensor", "ember.codegen.triton"):
+    its first sum of expressions, in the lowering; ember's Triton codegen (0.07 s),
+    imported when the compiler asks which ops it renders; Triton's compiler."""
+    for name in ("sympy.tensor.tensor", "ember.codegen.triton", "triton.compiler"):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
 
@@ -380,15 +240,13 @@ def _prepare_key() -> None:
     triton_key()
 
 
-def wait_prepared(part: str = "all") -> float:
-    """Wait for `prepare_here`'s work, all of it or only the `"driver"` part (nothing
-    to wait for where it was not started); the seconds waited."""
+def wait_prepared() -> float:
+    """Wait for `prepare_here`'s Triton key (nothing to wait for where it was not
+    started); the seconds waited."""
     if not _preparing:
         return 0.0
     start = time.perf_counter()
-    _driver_ready.wait()
-    if part != "driver":
-        _key_ready.wait()
+    _key_ready.wait()
     return time.perf_counter() - start
 
 
@@ -400,12 +258,15 @@ def cuda_target(device: torch.device) -> tuple[str, int, int] | None:
     return ("cuda", major * 10 + minor, 32)
 
 
+Done = Callable[[dict[str, Any] | BaseException], None]
+
+
 class CompileSession:
-    """Compiles jobs while they are still being added, so the caller can render and
-    capture the next kernels meanwhile:
+    """Compiles jobs while they are still being added, so the caller can render the
+    next kernels meanwhile:
 
         session = CompileSession(threads=8)
-        session.add(request, here)  # request: a CompileRequest, or None
+        session.add(request, done)  # done(binary description or the exception)
         ...
         session.close()  # waits for every job
 
@@ -413,13 +274,10 @@ class CompileSession:
     jobs keep compiling while the caller does other work (the next graph's lowering)
     and only the wait is deferred.
 
-    A job is a request for a worker (None: it can only be compiled here) and `here`, a
-    callable that compiles the job in this process or, after a worker compiled it,
-    loads the binary from Triton's cache (the same warm-up does both). The workers
-    take requests from a shared queue; a job a worker failed on runs `here` instead,
-    where its error (if any) is reported. Without live workers, `threads` threads
-    here take the jobs. With workers there are no such threads: compiles in this
-    process scale poorly (see above), and they would hold up the loading.
+    The workers take requests from a shared queue; a job a worker failed on is
+    compiled here instead, where its error (if any) is what `done` receives. Without
+    live workers, `threads` threads here take the jobs. With workers there are no such
+    threads: compiles in this process scale poorly (see above).
 
     Workers still starting join the session when they are ready: a small graph's jobs
     often come while few or none are up. Compiling here instead cost more (cnn_block's
@@ -428,8 +286,7 @@ class CompileSession:
     none got ready within `_READY_WAIT_S` of the session's close, is compiled here."""
 
     def __init__(self, threads: int) -> None:
-        self._pending: queue.Queue[tuple[CompileRequest | None, Callable[[], None]] | None]
-        self._pending = queue.Queue()
+        self._pending: queue.Queue[tuple[CompileRequest, Done] | None] = queue.Queue()
         self.by_workers = 0
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -444,12 +301,12 @@ class CompileSession:
         for t in self._threads:
             t.start()
 
-    def add(self, request: CompileRequest | None, here: Callable[[], None]) -> None:
+    def add(self, request: CompileRequest, done: Done) -> None:
         with self._lock:
             self._unstarted += 1
-        self._pending.put((request if self.workers else None, here))
+        self._pending.put((request, done))
 
-    def _take(self) -> tuple[CompileRequest | None, Callable[[], None]] | None:
+    def _take(self) -> tuple[CompileRequest, Done] | None:
         job = self._pending.get()
         if job is not None:
             with self._lock:
@@ -479,8 +336,7 @@ class CompileSession:
         self._drain(run=True)  # jobs no worker took: they died, or none got ready in time
 
     def _drain(self, run: bool) -> None:
-        """Take every queued job; settle its launcher claim, and compile it here if
-        `run`."""
+        """Take every queued job, and compile it here if `run`."""
         with contextlib.suppress(queue.Empty):
             while True:
                 job = self._pending.get_nowait()
@@ -488,10 +344,8 @@ class CompileSession:
                     continue
                 with self._lock:
                     self._unstarted -= 1
-                if job[0] is not None:
-                    _launcher_settled(job[0])
                 if run:
-                    job[1]()
+                    _run_here(*job)
 
     def _feed(self, worker: _Worker) -> None:
         # a worker still starting joins once ready; it gives up if it dies, or once
@@ -505,27 +359,32 @@ class CompileSession:
                 if self._unstarted == 0 or time.perf_counter() > deadline:
                     return
         while (job := self._take()) is not None:
-            request, here = job
-            if request is None:
-                here()
-                continue
+            request, done = job
             sent = time.perf_counter()
-            try:
-                reply = worker.run(request.payload)
-            finally:
-                _launcher_settled(request)
-            _wait_for_launcher(request)
-            replied = time.perf_counter()
-            _add("in workers", replied - sent)
-            here()
-            if reply == "ok":
-                _add("loading", time.perf_counter() - replied)
+            reply = worker.run(request.payload)
+            _add("in workers", time.perf_counter() - sent)
+            if isinstance(reply, dict):
                 with self._lock:
                     self.by_workers += 1
+                done(reply)
+            else:
+                log.debug("a compile worker failed on %s: %s", request.function, reply)
+                _run_here(request, done)
 
     def _work_here(self) -> None:
         while (job := self._take()) is not None:
-            job[1]()
+            _run_here(*job)
+
+
+def _run_here(request: CompileRequest, done: Done) -> None:
+    start = time.perf_counter()
+    result: dict[str, Any] | BaseException
+    try:
+        result = compile_here(request)
+    except Exception as exc:
+        result = exc
+    _add("here", time.perf_counter() - start)
+    done(result)
 
 
 _READY_WAIT_S = 20.0  # a safety net: workers are ready about a second after their start
@@ -536,38 +395,3 @@ def _close_all() -> None:
         worker.close()
     _workers.clear()
     _spawning.clear()
-
-
-def warm_up(
-    fn: Any,
-    dtypes: Sequence[torch.dtype],
-    ints: int,
-    blocks: Sequence[tuple[str, int]],
-    num_warps: int,
-    num_stages: int,
-    device: int,
-    options: dict[str, Any] | None = None,
-) -> Any:
-    """Compile (or load) the jit function `fn` for one launch config the way a real
-    launch specialises it: 16-byte-aligned pointers of `dtypes`, then `ints` sizes of
-    an int32 value (sizes are never specialised by value), on CUDA device `device`,
-    with the kernel's own Triton `options` (`TritonKernel.launch_options`: a kernel
-    with index checks compiles with `debug`; a worker compiles the options captured
-    here). Returns Triton's compiled kernel.
-
-    The pointers are Triton's stand-ins (`MockTensor`: a dtype and an aligned address),
-    not tensors: this runs while AOTAutograd traces, where a tensor made in the
-    tracing thread is a fake one without an address."""
-    from triton.runtime.jit import MockTensor
-
-    with torch.cuda.device(torch.device("cuda", device)):
-        args: list[object] = [MockTensor(d) for d in dtypes]
-        args += [64] * ints
-        return fn.warmup(
-            *args,
-            grid=(1,),
-            **dict(blocks),
-            num_warps=num_warps,
-            num_stages=num_stages,
-            **(options or {}),
-        )

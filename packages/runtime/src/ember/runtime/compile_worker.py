@@ -5,18 +5,11 @@
 It is started by ember.runtime.compile_pool as a plain subprocess, by file path, so
 that importing it imports neither the `ember.runtime` package nor torch (which takes
 seconds and holds a CUDA context). It reads pickled compile requests from stdin and
-writes one pickled reply per request, "ok" or what went wrong:
-
-- a request is a dict with the kernel module's `path` and `module` name, the jit
-  `function`'s name, and the `signature`, `constants`, `attrs`, `target` and
-  `options` that the parent's jit would have handed `triton.compile` (the parent
-  captured them, see `compile_pool.capture`);
-- the worker compiles exactly that source specialisation, which writes the binary
-  into Triton's on-disk cache under the key the parent computes, so the parent's own
-  compile of the same kernel is a cache hit;
-- with `launcher` set, it also builds the kernel's C launcher into that cache (on
-  Tritons that build one per argument signature), which the parent's load would
-  otherwise build.
+writes one pickled reply per request: the compiled binary described in plain values
+(`compile_binary`), or a string saying what went wrong. A request names the kernel's
+module file and function and gives the exact specialisation to compile (signature,
+constants, attributes, target, options), which the parent builds from what it
+rendered; nothing of Triton's jit state is involved.
 
 It first compiles a tiny kernel of its own for the same target the parent names on
 the command line (Triton's first compile in a process loads its compiler libraries,
@@ -71,34 +64,49 @@ def _function(path: str, module_name: str, function: str) -> Any:
     return getattr(module, function)
 
 
-def compile_request(request: dict[str, Any]) -> None:
-    """Compile one captured request into Triton's cache (the binary is not kept), and
-    its C launcher where the request asks for it."""
+def compile_binary(request: dict[str, Any]) -> dict[str, Any]:
+    """Compile one kernel specialisation and describe its binary in plain values.
+
+    The request names the kernel (`path`, `module`, `function`) and what Triton's
+    compile takes: `signature` (a type per argument, "constexpr" for block sizes),
+    `constexprs` and `attrs` keyed by argument position, `target` (backend, arch,
+    warp size) and `options` (warps, stages, debug). The reply has the binary
+    (`image`), its entry `symbol`, the kernel's parameter count as the binary declares
+    it (`params`: Triton appends scratch pointers of its own after the signature's
+    arguments), threads per block, shared memory and scratch needs. It is the same
+    function in the workers and in the parent's threads."""
     fn = _function(request["path"], request["module"], request["function"])
-    source = ASTSource(fn, request["signature"], request["constants"], request["attrs"])
+    source = ASTSource(fn, request["signature"], request["constexprs"], request["attrs"])
     backend, arch, warp_size = request["target"]
     kernel = triton.compile(
         source, target=GPUTarget(backend, arch, warp_size), options=request["options"]
     )
-    if request.get("launcher") and backend == "cuda":
-        with contextlib.suppress(Exception):  # the parent builds it on loading, as before
-            build_launcher(source, kernel)
+    metadata = kernel.metadata
+    symbol = str(metadata.name)
+    return {
+        "symbol": symbol,
+        "image": bytes(kernel.asm["cubin"]),
+        "params": count_parameters(str(kernel.asm.get("ptx", "")), symbol),
+        "threads": int(metadata.num_warps) * warp_size,
+        "shared": int(metadata.shared),
+        "num_ctas": int(getattr(metadata, "num_ctas", 1)),
+        "cluster": list(getattr(metadata, "cluster_dims", (1, 1, 1)) or (1, 1, 1)),
+        "scratch": int(getattr(metadata, "global_scratch_size", 0) or 0),
+        "scratch_align": int(getattr(metadata, "global_scratch_align", 1) or 1),
+        "profile_scratch": int(getattr(metadata, "profile_scratch_size", 0) or 0),
+        "cooperative": bool(getattr(metadata, "launch_cooperative_grid", False)),
+        "pdl": bool(getattr(metadata, "launch_pdl", False)),
+        "triton": triton.__version__,
+    }
 
 
-def build_launcher(source: Any, kernel: Any) -> None:
-    """Build the kernel's C launcher into Triton's disk cache, where the parent's load
-    of the kernel finds it.
-
-    Triton 3.6 and earlier generate a launcher per argument signature and build it
-    with the host C compiler when a kernel is first loaded: in the parent, 0.35 s of
-    gcc per signature, 24 to 26 signatures for resnet50 (about 10 thread-s, H100
-    machine). Their CUDA launcher class builds from the source and the metadata alone
-    (no torch, no device), so a worker can do it. Later Tritons launch every kernel
-    through one generic launcher and have no `make_launcher`: nothing to do."""
-    driver = importlib.import_module("triton.backends.nvidia.driver")
-    if not hasattr(driver, "make_launcher"):
-        return
-    driver.CudaLauncher(source, kernel.metadata)
+def count_parameters(ptx: str, symbol: str) -> int:
+    """How many parameters the PTX entry `symbol` declares (-1 if it is not found)."""
+    head = ptx.find(f".entry {symbol}(")
+    if head < 0:
+        return -1
+    end = ptx.find(")", head)
+    return ptx[head:end].count(".param ")
 
 
 def warm_up(backend: str, arch: int, warp_size: int) -> None:
@@ -118,9 +126,9 @@ def serve(requests: IO[bytes], replies: IO[bytes], target: tuple[str, int, int] 
             request = pickle.load(requests)
         except EOFError:
             return
+        reply: dict[str, Any] | str
         try:
-            compile_request(request)
-            reply = "ok"
+            reply = compile_binary(request)
         except Exception as exc:  # reported to the parent, which compiles the kernel itself
             reply = f"error: {type(exc).__name__}: {exc}".replace("\n", " ")
         pickle.dump(reply, replies)

@@ -1,34 +1,42 @@
-"""Loading, tuning and launching the Triton kernels of a schedule.
+"""Compiling, tuning and launching the Triton kernels of a schedule.
 
 `compile_triton_kernels(kernels, cache_dir=...)` renders each `FusedKernel` (through
 ember.codegen.triton), writes its source to a content-addressed file under
-`cache_dir` (Triton's jit reads real source files), imports it, and returns one
-launcher per kernel name. Kernels with identical source share one module and so one
-set of compiled binaries (the same layer repeated twelve times compiles once).
+`cache_dir` (Triton reads the function's source from a real file), imports it, and
+returns one launcher per kernel name. Kernels with identical source share one module
+and so one set of binaries (the same layer repeated twelve times compiles once).
+
+Ember compiles each candidate config itself: it knows every argument's type (its
+buffers' dtypes, sizes as 32-bit ints, 64-bit ones where a call needs them, block
+sizes as constants), so it builds the specialisation `triton.compile` takes
+(`specialisation`) and keeps the binary (`KernelBinary`), compiled by the workers
+of ember.runtime.compile_pool or threads here while the rest of the graph is still
+being lowered. A launch goes to the binary through the CUDA driver
+(ember.runtime.cuda_driver): no Triton jit binding, no Triton launcher, one path for
+every launch.
 
 A launcher takes the kernel's buffers as tensors (in `buffer_arguments()` order) and
 its sizes as ints (in `size_arguments()` order). It passes each buffer (random seeds
-included: one-element buffers) as its whole storage (index expressions are storage
-offsets) and launches on the current CUDA stream. The first call for a given set of sizes times each
-candidate config briefly and keeps the fastest for the rest of the process; kernels
-that read what they write (or whose tensors alias) are timed on copies.
+included: one-element buffers) as the address of its storage's start (index
+expressions are storage offsets) and launches on the current CUDA stream. The first
+call for a set of sizes times each candidate config briefly and keeps the fastest for
+the rest of the process (kernels that read what they write, or whose tensors alias,
+are timed on copies), then binds the launch: grid, sizes and block sizes fixed, so a
+later call writes the tensors' addresses into the argument block and launches.
 
-Under `TRITON_INTERPRET=1` (CPU tensors) the kernels run in Triton's interpreter, with
-libdevice calls served by torch (the interpreter has no libdevice) and no tuning.
+Binaries assume 16-byte-aligned buffers (Triton vectorises on that). A call with a
+buffer that is not aligned so launches a variant compiled without that assumption
+(compiled on first need); such launches are counted in `unaligned_launches`.
 
-After a kernel's first call for a set of sizes, a launch goes straight to the compiled
-binary (`_DirectLaunch`). Where that is unavailable or refused, the launch goes
-through Triton's jit, which rebinds and re-specialises every argument: each such
-launch is counted in `jit_launches` (per kernel name, the reason in
-`jit_launch_reasons`), and each launcher logs the first one with its reason on the
-"ember.runtime" logger, at INFO where the slow path is expected (Triton's
-interpreter, debug bounds arguments, a profiler's launch hook) and WARNING otherwise.
+Under `TRITON_INTERPRET=1` (CPU tensors) the kernels run in Triton's interpreter
+through its jit, with libdevice calls served by torch (the interpreter has no
+libdevice) and no tuning.
 
-Kernels with index checks launch and compile with their `launch_options` (Triton's
-`debug`, which compiles `tl.device_assert` in): on a GPU a bad index stops the kernel
-with CUDA's device-side assert, as eager's indexing kernels do. Triton's interpreter
-takes no per-launch options, so such launches run with its debug option switched on
-for their duration, and a failed check becomes `IndexOutOfBounds` naming the op, the
+Kernels with index checks compile with their `launch_options` (Triton's `debug`,
+which compiles `tl.device_assert` in): on a GPU a bad index stops the kernel with
+CUDA's device-side assert, as eager's indexing kernels do. Triton's interpreter takes
+no per-launch options, so such launches run with its debug option switched on for
+their duration, and a failed check becomes `IndexOutOfBounds` naming the op, the
 graph node and the dimension (the device gives no index value back).
 """
 
@@ -42,16 +50,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
-import triton
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
 from ember.ir import IndexOutOfBounds, index_error_message
-from ember.runtime import compile_pool
+from ember.runtime import compile_pool, cuda_driver
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
 
@@ -59,37 +67,28 @@ log = logging.getLogger("ember.runtime")
 
 _modules: dict[str, ModuleType] = {}  # source hash -> loaded module
 _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
-# Seconds spent in first launches (choosing a config, Triton's compile, binding), for
-# compile-time profiles: Triton compiles lazily, so this part of a cold start is not
-# in any CompileRecord.
+# Seconds spent in first launches (choosing a config, loading binaries, binding), for
+# compile-time profiles: tuning happens at the first call, so this part of a cold
+# start is not in any CompileRecord.
 first_launch_seconds = [0.0]
 # What `Precompiler`s did, summed over graphs, for compile-time profiles.
 # "compile s" runs from the first kernel's rendering to the end of the wait for the
 # compiles; "waiting s" is that wait (at the graph's first launch: the compiles run on
-# meanwhile); "prepare wait s" is the wait for `compile_pool.prepare_here`'s Triton
-# set-up.
-precompile_stats = dict.fromkeys(
-    (
-        "prepare wait s",
-        "capture s",
-        "waiting s",
-        "compile s",
-        "jobs",
-        "by workers",
-        "workers",
-    ),
-    0.0,
-)
+# meanwhile).
+precompile_stats = dict.fromkeys(("waiting s", "compile s", "jobs", "by workers", "workers"), 0.0)
+# Launches with a buffer not 16-byte aligned (kernel name -> how many): they run a
+# variant compiled without the alignment assumption, slower on the device.
+unaligned_launches: dict[str, int] = {}
 
-
-# Launches through Triton's jit that were not a first call for their sizes: kernel name
-# -> how many, and the latest reason (one of the texts below, or a more specific one).
-jit_launches: dict[str, int] = {}
-jit_launch_reasons: dict[str, str] = {}
-INTERPRETER = "Triton's interpreter runs every launch (TRITON_INTERPRET=1)"
-BOUNDS_ARGUMENTS = "debug bounds arguments (storage sizes) are computed at each call"
-LAUNCH_HOOK = "a launch hook (a profiler's) is registered with Triton"
-EXPECTED_JIT_REASONS = frozenset({INTERPRETER, BOUNDS_ARGUMENTS, LAUNCH_HOOK})
+# Triton's type names of torch dtypes, for a kernel's signature
+_TRITON_TYPES = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.float64: "fp64", torch.int8: "i8", torch.int16: "i16", torch.int32: "i32",
+    torch.int64: "i64", torch.uint8: "u8", torch.bool: "i1",
+    torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64",
+    torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5",
+}  # fmt: skip
+_INT32_MAX = 2**31 - 1
 
 
 def interpreting() -> bool:
@@ -129,70 +128,114 @@ def compile_triton_kernels(
     return dict(launchers)
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Which binary of a kernel and config: sizes as 64-bit ints (`wide`, for calls
+    with a size past 2**31 - 1) and whether buffers are assumed 16-byte aligned."""
+
+    config: LaunchConfig
+    wide: bool = False
+    aligned: bool = True
+
+
+@dataclass(frozen=True)
+class KernelBinary:
+    """A compiled kernel as the CUDA driver loads it: the binary `image`, its entry
+    `symbol`, the kind of each parameter ('p' pointer, 'i32', 'i64'; Triton's own
+    scratch pointers last), threads per block, dynamic shared memory, and the global
+    scratch each program needs (bytes, alignment)."""
+
+    symbol: str
+    image: bytes
+    kinds: tuple[str, ...]
+    threads: int
+    shared: int
+    scratch: int = 0
+    scratch_align: int = 1
+
+    @staticmethod
+    def from_reply(reply: dict[str, Any], kinds: Sequence[str]) -> KernelBinary:
+        """The binary a compile returned (`compile_worker.compile_binary`), for a
+        kernel whose signature has the parameter `kinds`; an error naming what
+        this launcher cannot do where the binary needs more."""
+        for key, what in (
+            ("profile_scratch", "profiling scratch memory"),
+            ("cooperative", "a cooperative launch"),
+            ("pdl", "programmatic dependent launch"),
+        ):
+            if reply.get(key):
+                raise UnsupportedBinary(f"kernel {reply['symbol']} needs {what}")
+        if reply.get("num_ctas", 1) != 1 or list(reply.get("cluster", [1, 1, 1])) != [1, 1, 1]:
+            raise UnsupportedBinary(f"kernel {reply['symbol']} needs thread block clusters")
+        hidden = reply["params"] - len(kinds)
+        if reply["params"] < 0 or not 0 <= hidden <= 2:
+            raise UnsupportedBinary(
+                f"kernel {reply['symbol']} declares {reply['params']} parameters for a "
+                f"signature of {len(kinds)} (Triton {reply.get('triton')})"
+            )
+        return KernelBinary(
+            symbol=reply["symbol"],
+            image=reply["image"],
+            kinds=(*kinds, *("p",) * hidden),
+            threads=reply["threads"],
+            shared=reply["shared"],
+            scratch=reply["scratch"],
+            scratch_align=reply["scratch_align"],
+        )
+
+
+class UnsupportedBinary(RuntimeError):
+    """A compiled kernel needs a launch feature ember's launcher does not provide."""
+
+
 class Precompiler:
     """Compiles every candidate config of every distinct kernel source before the
-    first call, so the first call finds the binaries in Triton's in-memory cache.
+    first call, so the first call only loads binaries and times them.
 
-    Triton compiles lazily at a kernel's first launch, one config after another while
-    the first call tunes: a graph of forty kernels with four configs each spent 30 s
-    there on an H100 (GPT-2). Here the compiles run at once, and start while the
-    graph's later kernels are still being rendered: in the worker processes of
-    ember.runtime.compile_pool where they are ready (each compile is captured here,
-    compiled there into Triton's disk cache, and loaded here), otherwise in threads
-    here. A kernel's configs are all captured before any of them is queued: a capture
-    swaps an attribute of the jit function that a thread loading the same function
-    would otherwise see. Sizes are specialised by type only (do_not_specialize), so a
-    sample value of each size symbol (64, an i32) matches real calls; a call needing
-    64-bit sizes compiles its own variant lazily. Failures are ignored here: the lazy
-    path reports them (or skips a config that does not fit) as before.
+    Compiling lazily at the first call, one config after another, spent 30 s on a
+    graph of forty kernels with four configs each (GPT-2, H100). Here the compiles
+    start while the graph's later kernels are still being rendered: in the worker
+    processes of ember.runtime.compile_pool where they are ready, otherwise in
+    threads here. Sizes are 32-bit ints (a call needing 64-bit sizes compiles its own
+    variant when it comes). Failures are kept per config: the first call skips a
+    config that failed, and raises only if none compiled.
 
     Once every kernel is added the session is sealed, not waited for: the wait
     (`finish`) comes at the graph's first launch. Meanwhile the caller goes on; in a
-    training step it lowers the backward, whose compiles then overlap the forward's
-    (on the H100 machine, attention's first step waited for the backward's worker
-    compiles only after its forward had run).
+    training step it lowers the backward, whose compiles then overlap the forward's.
     """
 
     def __init__(self) -> None:
         self._start = time.perf_counter()
-        self._seen: set[tuple[str, LaunchConfig]] = set()
         self._session = compile_pool.CompileSession(threads=8)
-        self._capturing = 0.0
         self._lock = threading.Lock()
         self._finished = False
-        self._digests: set[str] = set()  # the kernel sources this one compiles
-        self._earlier: set[Precompiler] = set()  # unfinished ones compiling others here
+        self._jobs = 0
+        self._seen: set[tuple[str, Variant]] = set()
+        self._earlier: set[Precompiler] = set()  # unfinished ones compiling shared sources
 
     def add(self, launcher: TritonLauncher, device: torch.device) -> None:
         if device.type != "cuda":
             return
+        target = compile_pool.cuda_target(device)
+        if target is None:
+            return
         with _owners_lock:
             owner = _owners.setdefault(launcher.digest, self)
         if owner is not self:
-            # An earlier graph's session, still compiling, has this source (the same
-            # module, so the same jit function): capturing it here would swap the
-            # function's compile while that session's threads load it. Its binaries
-            # serve this graph too; this graph's first launch waits for them.
+            # an earlier graph's session compiles this source: its binaries (shared
+            # through the module) serve this graph too, once that session is done
             self._earlier.add(owner)
             return
-        self._digests.add(launcher.digest)
-        # a capture needs Triton's driver (after the first kernel, this returns at once)
-        precompile_stats["prepare wait s"] += compile_pool.wait_prepared("driver")
-        start = time.perf_counter()
-        jobs = []
         for candidate in launcher.kernel.configs:
-            if (launcher.digest, candidate) in self._seen:
-                continue
-            self._seen.add((launcher.digest, candidate))
-            here = functools.partial(_warm, launcher, candidate, device)
-            request = None
-            if self._session.workers:
-                warm = functools.partial(_warm_up, launcher, candidate, device)
-                request = compile_pool.capture(launcher.fn, launcher.path, device.index or 0, warm)
-            jobs.append((request, here))
-        self._capturing += time.perf_counter() - start
-        for request, here in jobs:
-            self._session.add(request, here)
+            variant = Variant(candidate)
+            if launcher.has(variant) or (launcher.digest, variant) in self._seen:
+                continue  # compiled, or queued for an earlier kernel of the same source
+            self._seen.add((launcher.digest, variant))
+            self._jobs += 1
+            self._session.add(
+                launcher.request(variant, target), functools.partial(launcher.store, variant)
+            )
 
     def seal(self) -> None:
         """Every kernel is added; the compiles go on without a caller waiting."""
@@ -210,14 +253,13 @@ class Precompiler:
             for earlier in self._earlier:  # never the other way round: no cycle
                 earlier.finish()
             with _owners_lock:
-                for digest in self._digests:
-                    if _owners.get(digest) is self:
+                for digest, owner in list(_owners.items()):
+                    if owner is self:
                         del _owners[digest]
             stats = precompile_stats
-            stats["capture s"] += self._capturing
             stats["waiting s"] += time.perf_counter() - waited
             stats["compile s"] += time.perf_counter() - self._start
-        stats["jobs"] += len(self._seen)
+        stats["jobs"] += self._jobs
         stats["by workers"] += self._session.by_workers
         stats["workers"] = max(stats["workers"], self._session.workers)
 
@@ -225,42 +267,9 @@ class Precompiler:
 # kernel source digest -> the unfinished Precompiler compiling it
 _owners: dict[str, Precompiler] = {}
 _owners_lock = threading.Lock()
-
-
-def _warm(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> None:
-    """Compile (or load from Triton's cache) one config and load it onto the device;
-    errors are left to the lazy path, which reports them or skips a config that does
-    not fit.
-
-    Loading builds the binary's launcher, a C module per distinct argument signature
-    that Triton compiles with the host C compiler the first time it sees one: five for
-    resnet50, 0.37 s each, which ran one after another at the first call (H100
-    machine, cProfile). Here they build in parallel with the kernels' compiles.
-
-    It first waits for Triton's cache key (`compile_pool.prepare_here`), which every
-    thread loading at once would otherwise compute again."""
-    compile_pool.wait_prepared()
-    with contextlib.suppress(Exception):
-        compiled = _warm_up(launcher, launch_config, device)
-        init_handles = getattr(compiled, "_init_handles", None)
-        if init_handles is not None:
-            with torch.cuda.device(device):
-                init_handles()
-
-
-def _warm_up(launcher: TritonLauncher, launch_config: LaunchConfig, device: torch.device) -> Any:
-    """The compiled kernel (Triton's), compiled or loaded from its caches."""
-    kernel = launcher.kernel
-    return compile_pool.warm_up(
-        launcher.fn,
-        kernel.buffer_dtypes,
-        len(kernel.size_arguments) + len(kernel.bounds_arguments),
-        launch_config.blocks,
-        launch_config.num_warps,
-        launch_config.num_stages,
-        device.index or 0,
-        dict(kernel.launch_options),
-    )
+# kernel source digest -> its binaries by variant (or why a variant failed); shared by
+# every launcher of the source
+_binaries: dict[str, dict[Variant, KernelBinary | BaseException]] = {}
 
 
 def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
@@ -286,11 +295,8 @@ def storage_view(tensor: torch.Tensor) -> torch.Tensor:
 class TritonLauncher:
     """Launches one rendered kernel: `launcher(*tensors, *sizes)`.
 
-    The first call for a set of sizes goes through Triton's jit (which compiles and
-    specialises) after choosing a config; it keeps the compiled kernel and its grid
-    so later calls with those sizes launch it directly: Triton's own launch path
-    rebinds and re-specialises every argument on every call, which costs more than
-    many small kernels take to run.
+    The first call for a set of sizes chooses a config (timing the compiled ones) and
+    binds a `_Bound` launch for those sizes; later calls with them go straight to it.
     """
 
     def __init__(self, kernel: TritonKernel, module: ModuleType) -> None:
@@ -301,46 +307,129 @@ class TritonLauncher:
         self._buffers = len(kernel.buffer_arguments)
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
         self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
-        self._direct: dict[tuple[Any, ...], _DirectLaunch | None] = {}
-        self._no_direct: dict[tuple[Any, ...], str] = {}  # sizes -> why _direct has None
-        self._jit_logged = False
+        self._bound: dict[tuple[Any, ...], _Bound] = {}
+        self._loose: dict[tuple[Any, ...], _Bound] = {}  # unaligned variants, by sizes
+        self._functions: dict[tuple[Variant, int], cuda_driver.Function] = {}
+        self._unaligned_logged = False
+        self.binaries = _binaries.setdefault(self.digest, {})
         # the graph's compiles, still running when compile_triton_kernels returned
         self.pending: Precompiler | None = None
+        self._binaries_lock = threading.Lock()
 
-    def __call__(self, *args: Any) -> None:
-        sizes = args[self._buffers :]
-        direct = self._direct.get(sizes)
-        if direct is not None:
-            if direct.launch(args[: self._buffers]):
-                return
-            self._count_jit_launch(direct.refusal(args[: self._buffers]))
-        elif sizes in self._direct:
-            self._count_jit_launch(self._no_direct[sizes])
-        self._call_through_jit(args)
+    # -- compiling -----------------------------------------------------------------
 
-    def _count_jit_launch(self, reason: str) -> None:
-        """Count a launch that takes Triton's jit path after its sizes' first call."""
-        name = self.kernel.name
-        jit_launches[name] = jit_launches.get(name, 0) + 1
-        jit_launch_reasons[name] = reason
-        if self._jit_logged:
-            return
-        self._jit_logged = True
-        level = logging.INFO if reason in EXPECTED_JIT_REASONS else logging.WARNING
-        log.log(
-            level,
-            "kernel %s launches through Triton's jit, not directly (slower per launch): %s",
-            name,
-            reason,
+    def has(self, variant: Variant) -> bool:
+        return variant in self.binaries
+
+    def signature(self, variant: Variant) -> tuple[dict[str, str], list[str]]:
+        """Triton's signature of the kernel's function for `variant` (a type per
+        parameter name, "constexpr" for block sizes) and the driver's kinds of the
+        non-constant parameters, in order."""
+        kernel = self.kernel
+        names = list(self.fn.arg_names)
+        types: list[str] = []
+        for dtype in kernel.buffer_dtypes:
+            if dtype not in _TRITON_TYPES:
+                raise UnsupportedBinary(f"kernel {kernel.name}: no Triton type for {dtype}")
+            types.append("*" + _TRITON_TYPES[dtype])
+        size_type = "i64" if variant.wide else "i32"
+        types += [size_type] * len(kernel.size_arguments)
+        types += ["i64"] * len(kernel.bounds_arguments)
+        blocks = dict(variant.config.blocks)
+        constant = [n for n in names[len(types) :]]
+        if sorted(constant) != sorted(blocks):
+            raise UnsupportedBinary(
+                f"kernel {kernel.name}: parameters {constant} are not its block sizes "
+                f"{sorted(blocks)}"
+            )
+        signature = dict(zip(names, [*types, *["constexpr"] * len(constant)], strict=True))
+        kinds = ["p" if t.startswith("*") else t for t in types]
+        return signature, kinds
+
+    def request(
+        self, variant: Variant, target: tuple[str, int, int]
+    ) -> compile_pool.CompileRequest:
+        signature, _ = self.signature(variant)
+        names = list(signature)
+        blocks = dict(variant.config.blocks)
+        constexprs: dict[tuple[int, ...], Any] = {
+            (i,): blocks[n] for i, n in enumerate(names) if signature[n] == "constexpr"
+        }
+        attrs: dict[tuple[int, ...], Any] = {}
+        if variant.aligned:
+            attrs = {(i,): [["tt.divisibility", 16]] for i in range(self._buffers)}
+        options: dict[str, Any] = {
+            "num_warps": variant.config.num_warps,
+            "num_stages": variant.config.num_stages,
+            **dict(self.kernel.launch_options),
+        }
+        return compile_pool.CompileRequest(
+            path=self.path,
+            module=self.digest,
+            function=self.kernel.function_name,
+            signature=signature,
+            constexprs=constexprs,
+            attrs=attrs,
+            target=target,
+            options=options,
         )
 
-    def _call_through_jit(self, args: tuple[Any, ...]) -> None:
+    def store(self, variant: Variant, reply: dict[str, Any] | BaseException) -> None:
+        """Keep a compile's result (a session's `done`)."""
+        result: KernelBinary | BaseException
+        if isinstance(reply, BaseException):
+            result = reply
+        else:
+            try:
+                result = KernelBinary.from_reply(reply, self.signature(variant)[1])
+            except UnsupportedBinary as exc:
+                result = exc
+        with self._binaries_lock:
+            self.binaries[variant] = result
+
+    def binary(self, variant: Variant, device: torch.device) -> KernelBinary:
+        """The binary of `variant`, compiled here now if no session compiled it; the
+        compile's error if it failed."""
         pending = self.pending
         if pending is not None:
-            # else Triton's jit would compile here what a worker is compiling
             pending.finish()
             self.pending = None
-        start = time.perf_counter()
+        found = self.binaries.get(variant)
+        if found is None:
+            target = compile_pool.cuda_target(device)
+            if target is None:
+                raise UnsupportedBinary(f"no Triton target for {device}")
+            request = self.request(variant, target)
+            try:
+                self.store(variant, compile_pool.compile_here(request))
+            except Exception as exc:
+                self.store(variant, exc)
+            found = self.binaries[variant]
+        if isinstance(found, BaseException):
+            raise found
+        return found
+
+    def function(
+        self, variant: Variant, device: torch.device
+    ) -> tuple[cuda_driver.Function, KernelBinary]:
+        binary = self.binary(variant, device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        function = self._functions.get((variant, index))
+        if function is None:
+            function = cuda_driver.Function(binary.image, binary.symbol, index, binary.shared)
+            self._functions[(variant, index)] = function
+        return function, binary
+
+    # -- launching -----------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> None:
+        bound = self._bound.get(args[self._buffers :])
+        if bound is None or not bound(args[: self._buffers]):
+            self._slow_call(args, bound)
+
+    def _slow_call(self, args: tuple[Any, ...], bound: _Bound | None) -> None:
+        """A first call for these sizes, a call the bound launch refused (a buffer not
+        aligned), or any call under Triton's interpreter."""
         kernel = self.kernel
         if len(args) != self._buffers + len(kernel.size_arguments):
             raise TypeError(
@@ -350,22 +439,50 @@ class TritonLauncher:
             )
         tensors = args[: self._buffers]
         sizes = [int(s) for s in args[self._buffers :]]
-        operands = self._operands(tensors, sizes)
+        if interpreting() or not tensors or tensors[0].device.type != "cuda":
+            config = self.kernel.configs[0]
+            self._launch_jit(config, self._operands(tensors, sizes), sizes)
+            return
+        if bound is not None:  # refused: a buffer is not 16-byte aligned
+            self._count_unaligned(tensors)
+            loose = self._loose.get(args[self._buffers :])
+            if loose is None:
+                variant = Variant(bound.variant.config, bound.variant.wide, aligned=False)
+                loose = self._loose[args[self._buffers :]] = self._bind(variant, tensors, sizes)
+            loose(tensors)
+            return
+        start = time.perf_counter()
         key = (self.digest, tuple(sizes), tuple(t.dtype for t in tensors))
-        config = _chosen.get(key)
-        if config is None:
-            config = self._tune(tensors, sizes)
-            _chosen[key] = config
-        compiled = self._launch(config, operands, sizes)
-        size_key = args[self._buffers :]
-        if size_key not in self._direct:
-            direct = _DirectLaunch.make(self, compiled, config, operands, sizes)
-            if isinstance(direct, str):
-                self._no_direct[size_key] = direct
-                self._direct[size_key] = None
-            else:
-                self._direct[size_key] = direct
-            first_launch_seconds[0] += time.perf_counter() - start
+        config = _chosen.get(key) or self._tune(tensors, sizes)
+        _chosen[key] = config
+        wide = any(abs(s) > _INT32_MAX for s in sizes)
+        launch = self._bind(Variant(config, wide), tensors, sizes)
+        self._bound[args[self._buffers :]] = launch
+        first_launch_seconds[0] += time.perf_counter() - start
+        if not launch(tensors):
+            self._slow_call(args, launch)
+
+    def _bind(self, variant: Variant, tensors: Sequence[torch.Tensor], sizes: list[int]) -> _Bound:
+        device = tensors[0].device
+        function, binary = self.function(variant, device)
+        grid = self.grid(variant.config, sizes)
+        return _Bound(self, variant, function, binary, grid, sizes)
+
+    def _count_unaligned(self, tensors: Sequence[torch.Tensor]) -> None:
+        name = self.kernel.name
+        unaligned_launches[name] = unaligned_launches.get(name, 0) + 1
+        if not self._unaligned_logged:
+            self._unaligned_logged = True
+            which = [
+                b for b, t in zip(self.kernel.buffer_arguments, tensors, strict=True)
+                if storage_view(t).data_ptr() % 16
+            ]  # fmt: skip
+            log.info(
+                "kernel %s: buffers %s are not 16-byte aligned; launching a variant "
+                "compiled without that assumption",
+                name,
+                ", ".join(which),
+            )
 
     def _operands(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> list[Any]:
         operands: list[Any] = [storage_view(t) for t in tensors]
@@ -380,7 +497,9 @@ class TritonLauncher:
             config, dict(zip(self.kernel.size_arguments, sizes, strict=True))
         )
 
-    def _launch(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
+    def _launch_jit(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
+        """A launch through Triton's jit: only for its interpreter (or tensors that
+        are not on a GPU, which only the interpreter can run)."""
         options = dict(self.kernel.launch_options)
         if options and interpreting():
             return self._interpret(config, operands, sizes)
@@ -418,139 +537,108 @@ class TritonLauncher:
         return IndexOutOfBounds(message)
 
     def _tune(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> LaunchConfig:
+        """The fastest config that compiled, timed on these tensors (copies of the
+        written ones where the kernel is not idempotent or its tensors alias)."""
         configs = self.kernel.configs
-        if len(configs) == 1 or interpreting() or tensors[0].device.type != "cuda":
+        device = tensors[0].device
+        wide = any(abs(s) > _INT32_MAX for s in sizes)
+        if len(configs) == 1:
+            self.function(Variant(configs[0], wide), device)  # raises if it did not compile
             return configs[0]
         tensors = list(tensors)
         if not self.kernel.idempotent or _aliased(tensors):
             for i in self._written:  # time on copies: the real outputs stay untouched
                 tensors[i] = storage_view(tensors[i]).clone()
-        operands = self._operands(tensors, sizes)
-        best, best_ms = configs[0], float("inf")
+        best, best_ms = None, float("inf")
+        first_error: BaseException | None = None
         for candidate in configs:
             try:
-                ms = _time(functools.partial(self._launch, candidate, operands, sizes))
-            except Exception:  # a config that does not compile (resources) is skipped
+                launch = self._bind(Variant(candidate, wide), tensors, sizes)
+            except Exception as exc:  # a config that does not compile (resources)
+                first_error = first_error or exc
                 continue
+            if not launch(tensors):  # not aligned: time the unaligned variant
+                launch = self._bind(Variant(candidate, wide, aligned=False), tensors, sizes)
+            ms = _time(functools.partial(launch, tensors))
             if ms < best_ms:
                 best, best_ms = candidate, ms
+        if best is None:
+            assert first_error is not None
+            raise first_error
         return best
 
 
-class _DirectLaunch:
-    """A compiled kernel bound to one set of sizes: its grid and block arguments are
-    fixed, so a launch is the tensors plus one call into Triton's C launcher.
+class _Bound:
+    """A kernel's binary bound to one set of sizes: grid, sizes, block sizes and
+    scratch fixed, so a launch writes the buffers' addresses (and, with index checks,
+    their storage sizes) into the argument block and calls the driver.
 
-    It applies only where Triton's jit would pick the same binary: every pointer
-    16-byte aligned (as when it was compiled), no launch hooks (profilers), no debug
-    bounds arguments. Otherwise `make` says why there is none, or `launch` returns
-    False (and `refusal` says why), and the jit path runs.
-    """
+    Calling it returns False, launching nothing, where a buffer is not 16-byte aligned
+    and the binary assumes it is. The thread that bound it (the one that runs the
+    graph: the caller's, or autograd's for a backward) finds its argument block
+    without a lookup; see `cuda_driver.Launch` for the others."""
 
-    __slots__ = ("blocks", "buffers", "device", "function", "grid", "metadata", "run", "sizes")
+    __slots__ = (
+        "address", "aligned", "bounds", "device", "launch", "owner", "scratch", "slots",
+        "variant",
+    )  # fmt: skip
 
     def __init__(
         self,
-        compiled: Any,
+        launcher: TritonLauncher,
+        variant: Variant,
+        function: cuda_driver.Function,
+        binary: KernelBinary,
         grid: tuple[int, int, int],
         sizes: list[int],
-        blocks: list[int],
-        device: int,
-        buffers: Sequence[str] = (),
     ) -> None:
-        self.run = compiled.run
-        self.function = compiled.function
-        self.metadata = compiled.packed_metadata
-        self.grid = grid
-        self.sizes = sizes
-        self.blocks = blocks
-        self.device = device
-        self.buffers = buffers  # the tensors' names, for `refusal`
+        self.variant = variant
+        self.aligned = variant.aligned
+        buffers = launcher._buffers
+        self.bounds = [(buffers + len(sizes) + n, i) for n, i in enumerate(launcher._bounds)]
+        fixed = {buffers + n: s for n, s in enumerate(sizes)}
+        user = buffers + len(sizes) + len(self.bounds)
+        for index in range(user, len(binary.kinds)):
+            fixed[index] = 0  # Triton's scratch pointers: none needed ...
+        programs = grid[0] * grid[1] * grid[2]
+        # ... unless the binary asks for global scratch: (bytes for the grid, its slot)
+        self.scratch = (binary.scratch * programs, user) if binary.scratch else None
+        self.device = function.device
+        self.launch = cuda_driver.Launch(
+            function, grid, binary.threads, binary.shared, binary.kinds, fixed
+        )
+        self.owner = threading.get_ident()
+        self.slots, self.address = self.launch.block()
 
-    @staticmethod
-    def make(
-        launcher: TritonLauncher,
-        compiled: Any,
-        config: LaunchConfig,
-        operands: list[Any],
-        sizes: list[int],
-    ) -> _DirectLaunch | str:
-        """The direct launch for one set of sizes, or why there is none."""
-        kernel = launcher.kernel
-        if interpreting():
-            return INTERPRETER
-        if kernel.bounds_arguments:
-            return BOUNDS_ARGUMENTS
-        if compiled is None or not hasattr(compiled, "packed_metadata"):
-            return f"Triton's jit returned no compiled kernel with packed metadata ({compiled!r})"
-        hooks = _hooks_active()
-        if hooks is None:
-            return "this Triton keeps its launch hooks where ember does not look for them"
-        if hooks:
-            return LAUNCH_HOOK
-        tensors = operands[: launcher._buffers]
-        if not tensors:
-            return "the kernel takes no tensors"
-        names = kernel.buffer_arguments
-        for name, t in zip(names, tensors, strict=True):
-            if t.device.type != "cuda":
-                return f"buffer {name} is on {t.device.type}, not a CUDA device"
-            if t.data_ptr() % 16:
-                return f"buffer {name} was not 16-byte aligned at the first call"
-        blocks = [value for _, value in config.blocks]
-        grid = launcher.grid(config, sizes)
-        device = tensors[0].device.index or 0
-        direct = _DirectLaunch(compiled, grid, sizes, blocks, device, names)
-        try:  # a Triton whose launcher takes other arguments fails here, before launching
-            direct.run(
-                0, 1, 1, _stream(direct.device), direct.function, direct.metadata,
-                None, None, None, *operands, *blocks,
-            )  # fmt: skip
-        except TypeError as exc:
-            return f"Triton's compiled launcher takes other arguments ({exc})"
-        return direct
-
-    def launch(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """Launch with `tensors`' storages; False (nothing launched) where a pointer
-        is not 16-byte aligned or a launch hook is registered.
-
-        Pointers go to Triton's launcher as integers: handed a tensor, it calls the
-        tensor's `data_ptr` and asks the driver whether the pointer is a device
-        pointer, per argument and launch; the tensors were CUDA tensors when the
-        launch was bound, and Dynamo guards their device."""
-        pointers = []
-        for t in tensors:
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> bool:
+        if threading.get_ident() == self.owner:
+            slots, address = self.slots, self.address
+        else:
+            slots, address = self.launch.block()
+        for slot, t in zip(slots, tensors, strict=False):  # the slots go on: sizes
             pointer = t.data_ptr()
             offset: int = t.storage_offset()  # type: ignore[assignment]  # an int at run time
             if offset:
                 pointer -= offset * t.element_size()
-            if pointer % 16:
+            if pointer & 15 and self.aligned:
                 return False
-            pointers.append(pointer)
-        runtime = _RUNTIME
-        if runtime is None:
-            if _hooks_active() is not False:
-                return False
-        elif getattr(runtime.launch_enter_hook, "calls", True) or getattr(
-            runtime.launch_exit_hook, "calls", True
-        ):
-            return False
-        g0, g1, g2 = self.grid
-        self.run(
-            g0, g1, g2, _stream(self.device), self.function, self.metadata, None, None, None,
-            *pointers, *self.sizes, *self.blocks,
-        )  # fmt: skip
+            slot.value = pointer
+        if self.bounds:
+            for slot_index, i in self.bounds:
+                t = tensors[i]
+                slots[slot_index].value = t.untyped_storage().nbytes() // t.element_size()
+        if self.scratch is None:
+            self.launch.launch(_raw_stream(self.device), address)
+            return True
+        nbytes, slot_index = self.scratch
+        scratch = torch.empty(nbytes, dtype=torch.uint8, device=tensors[0].device)
+        slots[slot_index].value = scratch.data_ptr()
+        self.launch.launch(_raw_stream(self.device), address)
+        del scratch  # the caching allocator orders its reuse after this stream's work
         return True
 
-    def refusal(self, tensors: Sequence[torch.Tensor]) -> str:
-        """Why `launch` returned False for `tensors` (read only after it did)."""
-        for number, t in enumerate(tensors):
-            if storage_view(t).data_ptr() % 16:
-                name = self.buffers[number] if number < len(self.buffers) else f"#{number}"
-                return f"buffer {name} is not 16-byte aligned"
-        if _hooks_active():
-            return LAUNCH_HOOK
-        return "the direct launch refused these tensors"
+
+_raw_stream = torch._C._cuda_getCurrentRawStream  # the current stream's handle, per device
 
 
 @contextlib.contextmanager
@@ -579,44 +667,12 @@ def _interpreter_debug() -> Any:
 _interpreter_lock = threading.Lock()
 
 
-def _stream(device: int) -> int:
-    """The current CUDA stream's handle (the call Triton itself makes per launch)."""
-    return int(torch._C._cuda_getCurrentRawStream(device))
-
-
-def _hook_chains() -> Any:
-    """Triton's runtime knobs where both launch hooks are `HookChain`s (Triton 3.6+),
-    read once: the direct launch then tests the chains' lists itself."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    hooks = [getattr(runtime, name, None) for name in ("launch_enter_hook", "launch_exit_hook")]
-    if runtime is None or not all(isinstance(getattr(h, "calls", None), list) for h in hooks):
-        return None
-    return runtime
-
-
-_RUNTIME = _hook_chains()
-
-
-def _hooks_active() -> bool | None:
-    """Whether a launch hook (a profiler's) is registered with Triton; None where this
-    Triton keeps its hooks somewhere unknown. Triton 3.6+ holds each hook as a
-    `HookChain`, never None: an empty chain calls nothing, so launching without it
-    is the same launch."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is None:
-        return None
-    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
-        if hook is not None and getattr(hook, "calls", True):
-            return True
-    return False
-
-
 def _aliased(tensors: Sequence[torch.Tensor]) -> bool:
     pointers = [t.untyped_storage().data_ptr() for t in tensors]
     return len(set(pointers)) != len(pointers)
 
 
-def _time(run: Callable[[], None], repeats: int = 10) -> float:
+def _time(run: Callable[[], object], repeats: int = 10) -> float:
     """Median milliseconds of `run` on the current stream (after a compile + warm-up)."""
     run()
     run()
