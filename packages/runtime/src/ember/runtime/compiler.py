@@ -39,7 +39,12 @@ from ember.runtime.kernels import (
     unsupported_ops,
     wants_loops,
 )
-from ember.runtime.layouts import guard_layouts, guard_symbolic_layouts, static_layouts
+from ember.runtime.layouts import (
+    guard_layouts,
+    guard_symbolic_layouts,
+    input_records,
+    static_layouts,
+)
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging
 from ember.runtime.wrapper import generate_wrapper
@@ -165,9 +170,10 @@ def compile_graph(
         path,
     )
     # kernels bake each input's strides and storage offset: a call with others copies
+    records = input_records(program, gm)
     call: Callable[[list[Any]], Any] = guard_layouts(
-        guard_symbolic_layouts(module.call, program, gm, graph_name),
-        static_layouts(program, gm),
+        guard_symbolic_layouts(module.call, records, graph_name),
+        static_layouts(records),
         graph_name,
         static_inputs,
     )

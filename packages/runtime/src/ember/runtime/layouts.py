@@ -23,15 +23,16 @@ with the call's size symbols through Python functions generated once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 
 from ember.graphpasses.effects import written_args
-from ember.ir import InputBuffer, Program, bind_symbols, conforms, laid_out
+from ember.ir import InputBuffer, Program, SizeInput, conforms, laid_out
 from ember.runtime.pyexpr import pyexpr, symbol_name
 
 log = logging.getLogger(__name__)
@@ -48,33 +49,124 @@ class InputLayout:
     written: bool  # the graph writes to this input
 
 
-def static_layouts(program: Program, gm: torch.fx.GraphModule) -> list[InputLayout]:
-    """The assumed layout of every tensor input of `program` (lowered from `gm`) whose
-    layout is static (`Layout.is_static`): exactly the inputs whose offset the
-    kernels bake."""
+@dataclass(frozen=True)
+class InputRecord:
+    """One graph input as a compiled artifact describes it (its manifest): what it
+    is, the layout the kernels assume (Python expressions over the size symbols'
+    wrapper names; plain integers where static) and the size symbols the call reads
+    off it (`binds`: name, `size`/`stride`/`storage_offset`/`value`, dimension)."""
+
+    index: int
+    kind: str  # "tensor", "size" (an int size argument) or "other"
+    dtype: str = ""
+    device: str = ""
+    size: tuple[str, ...] = ()
+    stride: tuple[str, ...] = ()
+    offset: str = "0"
+    written: bool = False  # the graph writes to this input
+    binds: tuple[tuple[str, str, int | None], ...] = ()
+
+    @property
+    def static(self) -> bool:
+        return all(_is_int(e) for e in (*self.size, *self.stride, self.offset))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "kind": self.kind, "dtype": self.dtype, "device": self.device,
+            "size": list(self.size), "stride": list(self.stride), "offset": self.offset,
+            "written": self.written, "binds": [list(b) for b in self.binds],
+        }  # fmt: skip
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> InputRecord:
+        return InputRecord(
+            index=int(data["index"]),
+            kind=str(data["kind"]),
+            dtype=str(data["dtype"]),
+            device=str(data["device"]),
+            size=tuple(str(e) for e in data["size"]),
+            stride=tuple(str(e) for e in data["stride"]),
+            offset=str(data["offset"]),
+            written=bool(data["written"]),
+            binds=tuple(
+                (str(n), str(m), None if d is None else int(d)) for n, m, d in data["binds"]
+            ),
+        )
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def input_records(program: Program, gm: torch.fx.GraphModule) -> list[InputRecord]:
+    """The records of every input of `program`, lowered from `gm` (one program input
+    per placeholder)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = {arg for node in gm.graph.nodes for arg in written_args(node)}
+    records = []
+    for index, (entry, node) in enumerate(zip(program.inputs, placeholders, strict=True)):
+        if isinstance(entry, InputBuffer):
+            layout = entry.layout
+            records.append(
+                InputRecord(
+                    index,
+                    "tensor",
+                    str(layout.dtype).removeprefix("torch."),
+                    str(layout.device),
+                    tuple(pyexpr(e) for e in layout.size),
+                    tuple(pyexpr(e) for e in layout.stride),
+                    pyexpr(layout.offset),
+                    node in written,
+                    tuple((symbol_name(s), m, d) for s, m, d in layout.runtime_symbols()),
+                )
+            )
+        elif isinstance(entry, SizeInput) and isinstance(entry.expr, sympy.Symbol):
+            binds = ((symbol_name(entry.expr), "value", None),)
+            records.append(InputRecord(index, "size", binds=binds))
+        else:
+            records.append(InputRecord(index, "other"))
+    return records
+
+
+def static_layouts(records: Sequence[InputRecord]) -> list[InputLayout]:
+    """The assumed layout of every tensor input whose layout is static
+    (`Layout.is_static`): exactly the inputs whose offset the kernels bake."""
     return [
         InputLayout(
-            index,
-            tuple(int(v) for v in entry.layout.size),
-            tuple(int(v) for v in entry.layout.stride),
-            int(entry.layout.offset),
-            written,
+            r.index,
+            tuple(int(v) for v in r.size),
+            tuple(int(v) for v in r.stride),
+            int(r.offset),
+            r.written,
         )
-        for index, entry, written in _tensor_inputs(program, gm)
-        if entry.layout.is_static
+        for r in records
+        if r.kind == "tensor" and r.static
     ]
 
 
-def _tensor_inputs(
-    program: Program, gm: torch.fx.GraphModule
-) -> Iterator[tuple[int, InputBuffer, bool]]:
-    """(position, input, whether the graph writes it) for each tensor input of
-    `program`, lowered from `gm` (one program input per placeholder)."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    written = {arg for node in gm.graph.nodes for arg in written_args(node)}
-    for index, (entry, node) in enumerate(zip(program.inputs, placeholders, strict=True)):
-        if isinstance(entry, InputBuffer):
-            yield index, entry, node in written
+def symbol_binder(records: Sequence[InputRecord]) -> Callable[[list[Any]], dict[str, int]]:
+    """A function from a call's inputs to the values of the size symbols (by wrapper
+    name), each read off the first input that carries it."""
+    reads: list[tuple[str, int, str, int | None]] = []
+    seen: set[str] = set()
+    for record in records:
+        for name, method, dim in record.binds:
+            if name not in seen:
+                seen.add(name)
+                reads.append((name, record.index, method, dim))
+
+    def bind(args: list[Any]) -> dict[str, int]:
+        values = {}
+        for name, index, method, dim in reads:
+            arg = args[index]
+            if method == "value":
+                values[name] = int(arg)
+            else:
+                read = getattr(arg, method)
+                values[name] = int(read() if dim is None else read(dim))
+        return values
+
+    return bind
 
 
 def guard_layouts(
@@ -144,21 +236,23 @@ def pointers_equal(args: list[Any], pointers: list[int | None], indices: list[in
 
 
 def guard_symbolic_layouts(
-    call: Callable[[list[Any]], Any], program: Program, gm: torch.fx.GraphModule, graph: str
+    call: Callable[[list[Any]], Any], records: Sequence[InputRecord], graph: str
 ) -> Callable[[list[Any]], Any]:
     """`call`, taking any input with a symbolic layout that does not conform to it
     (evaluated with the call's size symbols) as a copy that does, and copying written
     ones back."""
+    names = sorted({name for r in records for name, _, _ in r.binds})
     checks = [
-        (index, written, _evaluator(entry))
-        for index, entry, written in _tensor_inputs(program, gm)
-        if not entry.layout.is_static
+        (r.index, r.written, _evaluator(r, names))
+        for r in records
+        if r.kind == "tensor" and not r.static
     ]
     if not checks:
         return call
+    bind = symbol_binder(records)
 
     def guarded(args: list[Any]) -> Any:
-        values = {symbol_name(s): v for s, v in bind_symbols(program, args).items()}
+        values = bind(args)
         moved: list[tuple[torch.Tensor, torch.Tensor]] = []
         for index, written, evaluate in checks:
             size, stride, offset = evaluate(**values)
@@ -216,17 +310,16 @@ def _call_writing_back(
     return result
 
 
-def _evaluator(entry: InputBuffer) -> Callable[..., tuple[Any, Any, Any]]:
-    """A Python function of the size symbols (by their wrapper names) that returns the
-    input's sizes, strides and offset: generated once, since evaluating sympy per call
-    would cost more than the kernels it guards."""
-    layout = entry.layout
+def _evaluator(record: InputRecord, names: Sequence[str]) -> Callable[..., tuple[Any, Any, Any]]:
+    """A Python function of the size symbols `names` (wrapper names) that returns the
+    input's sizes, strides and offset: generated once, since evaluating expressions
+    per call would cost more than the kernels it guards. The expressions are ember's
+    own (`pyexpr`), kept in the artifact's manifest."""
     size, stride = (
-        "(" + "".join(f"{pyexpr(e)}, " for e in exprs) + ")"
-        for exprs in (layout.size, layout.stride)
+        "(" + "".join(f"{e}, " for e in exprs) + ")" for exprs in (record.size, record.stride)
     )
-    names = ", ".join([*sorted(symbol_name(s) for s in layout.free_symbols), "**_"])
+    parameters = ", ".join([*names, "**_"])
     function: Callable[..., tuple[Any, Any, Any]] = eval(
-        f"lambda {names}: ({size}, {stride}, {pyexpr(layout.offset)})"
+        f"lambda {parameters}: ({size}, {stride}, {record.offset})"
     )
     return function
