@@ -1,15 +1,13 @@
-"""The Triton compile workers: this process captures what Triton's jit would compile,
-a worker (Triton only, no torch) compiles it into Triton's disk cache, and a job a
-worker cannot compile is compiled here instead.
+"""The Triton compile workers: a worker (Triton only, no torch) compiles the request
+ember built and replies with the binary, and a job a worker cannot compile is
+compiled here instead.
 
-Triton compiles for a CUDA target without a GPU (ptxas ships with it), so a worker
-compiles real requests here on the CPU; the capture step runs against a stand-in for
-the jit function (the real one needs a GPU: tests/cuda covers it).
+Triton compiles for a CUDA target without a GPU (ptxas ships with it), so workers
+compile real requests here on the CPU.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import pickle
 import subprocess
@@ -42,36 +40,28 @@ def _request(path: Path, function: str = "double", block: int = 64) -> compile_p
         module="ember_test_kernel",
         function=function,
         signature={"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-        constants={(3,): block},
+        constexprs={(3,): block},
         attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
         target=HOPPER,
         options={"num_warps": 4, "num_stages": 1},
     )
 
 
-class _Recorder:
-    """The `here` callables of a session's jobs: which ran, in which thread."""
+def _run(requests: list[Any], threads: int = 1) -> tuple[int, list[Any]]:
+    """(jobs compiled by workers, each job's result in order) for one session."""
+    results: dict[int, Any] = {}
+    lock = threading.Lock()
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.ran: list[int] = []
+    def done(i: int, result: Any) -> None:
+        with lock:
+            assert i not in results, f"job {i} finished twice"
+            results[i] = result
 
-    def job(self, i: int) -> Any:
-        def here() -> None:
-            with self.lock:
-                self.ran.append(i)
-
-        return here
-
-
-def _run(requests: list[Any], threads: int = 1) -> tuple[int, list[int]]:
-    """(jobs compiled by workers, jobs whose `here` ran) for one session."""
-    seen = _Recorder()
     session = compile_pool.CompileSession(threads=threads)
     for i, request in enumerate(requests):
-        session.add(request, seen.job(i))
+        session.add(request, functools.partial(done, i))
     session.close()
-    return session.by_workers, sorted(seen.ran)
+    return session.by_workers, [results[i] for i in sorted(results)]
 
 
 @pytest.fixture
@@ -87,41 +77,17 @@ def workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
             compile_pool._close_all()
 
 
-def test_a_worker_compiles_a_request_into_the_cache(tmp_path: Path, workers: Any) -> None:
+def test_a_worker_compiles_a_request_into_a_binary(tmp_path: Path, workers: Any) -> None:
     source = tmp_path / "k.py"
     source.write_text(KERNEL)
-    requests = [_request(source, block=64), _request(source, block=128), None]
-    # every job's `here` runs: after a worker compiled it (a load), or instead of one
-    assert _run(requests) == (2, [0, 1, 2])
-    cubins = list((tmp_path / "triton-cache").rglob("double.cubin"))
-    assert len(cubins) == 2  # one binary per block size
-
-
-def test_a_worker_builds_the_launcher_where_this_triton_needs_one(
-    tmp_path: Path, workers: Any
-) -> None:
-    """A request with `launcher` set also builds the kernel's C launcher into the cache,
-    on Tritons that build one per signature (3.6: `make_launcher`); later Tritons
-    launch through one generic launcher, and the worker builds nothing."""
-    import importlib
-
-    source = tmp_path / "k.py"
-    source.write_text(KERNEL)
-    request = dataclasses.replace(_request(source), launcher=True)
-    assert workers[0].run(request.payload) == "ok"
-    built = list((tmp_path / "triton-cache").rglob("__triton_launcher*"))
-    driver = importlib.import_module("triton.backends.nvidia.driver")
-    assert bool(built) == hasattr(driver, "make_launcher")
-
-
-def test_only_a_signatures_first_request_asks_for_its_launcher(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(compile_pool, "_launchers", {})
-    first = {"x": "*fp32", "n": "i32", "BLOCK": "constexpr"}
-    assert compile_pool._first_of_signature(first)
-    assert not compile_pool._first_of_signature(dict(first))
-    assert compile_pool._first_of_signature({"x": "*bf16", "n": "i32", "BLOCK": "constexpr"})
+    by_workers, results = _run([_request(source, block=64), _request(source, block=128)])
+    assert by_workers == 2
+    for result in results:
+        assert isinstance(result, dict), result
+        assert result["image"].startswith(b"\x7fELF") and result["symbol"] == "double"
+        assert result["params"] >= 3  # x, out, n, then any scratch pointers of Triton's
+        assert result["threads"] == 4 * 32
+    assert results[0]["image"] != results[1]["image"]  # one binary per block size
 
 
 def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) -> None:
@@ -133,34 +99,43 @@ def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) ->
         _request(source, "absent"),
     ]
     failures = [workers[0].run(r.payload) for r in requests]
-    assert all(f.startswith("error: ") for f in failures), failures
-    assert "AttributeError" in failures[2]
-    assert _run(requests) == (0, [0, 1, 2])
+    assert all(isinstance(f, str) and f.startswith("error: ") for f in failures), failures
+    assert "AttributeError" in str(failures[2])
+    by_workers, results = _run(requests)  # each compiled here once more, and failing
+    assert by_workers == 0 and all(isinstance(r, Exception) for r in results)
 
 
 def test_without_workers_everything_compiles_here(tmp_path: Path) -> None:
+    source = tmp_path / "k.py"
+    source.write_text(KERNEL)
     with config.scope(compile_workers=0):
         assert compile_pool.start() == 0
-        assert _run([_request(tmp_path / "k.py"), None] * 3, threads=2) == (0, list(range(6)))
+        requests = [_request(source, block=32 << i) for i in range(3)]
+        by_workers, results = _run(requests, threads=2)
+    assert by_workers == 0 and all(r["symbol"] == "double" for r in results)
 
 
-def test_a_cancelled_session_runs_no_queued_job() -> None:
+def test_a_cancelled_session_runs_no_queued_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Closing with cancel (a kernel failed to render) drops the queued jobs and waits
     only for the running one."""
     started, release = threading.Event(), threading.Event()
     ran: list[int] = []
 
-    def blocking() -> None:
-        started.set()
-        release.wait(30)
-        ran.append(0)
+    def compile_here(request: compile_pool.CompileRequest) -> dict[str, Any]:
+        if request.constexprs == {(3,): 16}:
+            started.set()
+            release.wait(30)
+        return {}
 
+    monkeypatch.setattr(compile_pool, "compile_here", compile_here)
     with config.scope(compile_workers=0):
         session = compile_pool.CompileSession(threads=1)
-        session.add(None, blocking)
+        session.add(_request(tmp_path / "k.py", block=16), lambda result: ran.append(0))
         assert started.wait(30)
         for i in range(1, 4):
-            session.add(None, functools.partial(ran.append, i))
+            session.add(_request(tmp_path / "k.py", block=32), lambda result, i=i: ran.append(i))
         closer = threading.Thread(target=session.close, kwargs={"cancel": True})
         closer.start()
         deadline = time.monotonic() + 30
@@ -178,68 +153,6 @@ def test_workers_exit_when_closed() -> None:
         processes = [w.process for w in compile_pool.workers()]
         compile_pool._close_all()
     assert all(p.poll() is not None for p in processes)
-
-
-class _Source:
-    def __init__(self) -> None:
-        self.signature = {"x": "*fp32", "n": "i32"}
-        self.constants = {(2,): 32}
-        self.attrs = {(0,): [["tt.divisibility", 16]]}
-
-
-class _Target:
-    backend, arch, warp_size = HOPPER
-
-
-class _Jit:
-    """Stands in for a Triton JITFunction: binding a device sets `compile`, and a
-    warm-up compiles unless it has the kernel already."""
-
-    __module__ = "ember_generated_kabc"
-    __name__ = "kernel"
-
-    def __init__(self) -> None:
-        self.compiled: list[Any] = []
-        self.compile: Any = None  # set when a device is first bound
-        self.device_caches = _Caches(self)
-
-    def real_compile(self, source: Any, target: Any = None, options: Any = None) -> str:
-        self.compiled.append(source)
-        return "binary"
-
-    def warmup(self) -> Any:
-        self.device_caches[0]
-        return self.compile(_Source(), target=_Target(), options={"num_warps": 8})
-
-
-class _Caches(dict[int, str]):
-    def __init__(self, jit: _Jit) -> None:
-        super().__init__()
-        self.jit = jit
-
-    def __missing__(self, device: int) -> str:
-        self.jit.compile = self.jit.real_compile  # what Triton's create_binder does
-        self[device] = "binder"
-        return "binder"
-
-
-def test_capture_records_the_compile_without_compiling() -> None:
-    jit = _Jit()
-    request = compile_pool.capture(jit, "/k.py", 0, jit.warmup)
-    assert request is not None
-    assert jit.compiled == []  # nothing compiled here
-    assert request.module == "ember_generated_kabc" and request.function == "kernel"
-    assert request.signature == _Source().signature and request.constants == {(2,): 32}
-    assert request.target == HOPPER and request.options == {"num_warps": 8}
-    assert jit.compile == jit.real_compile  # the jit's own compile is back
-    assert jit.warmup() == "binary" and len(jit.compiled) == 1
-
-
-def test_capture_gives_nothing_where_the_warm_up_compiles_nothing() -> None:
-    jit = _Jit()
-    assert compile_pool.capture(jit, "/k.py", 0, lambda: None) is None
-    assert compile_pool.capture(object(), "/k.py", 0, lambda: None) is None  # not a jit
-    assert jit.compile == jit.real_compile
 
 
 _ECHO = """
@@ -284,8 +197,8 @@ def test_threads_sharing_a_worker_each_get_their_own_answer() -> None:
 
 
 class _StubWorker:
-    """Stands in for a worker: answers 'ok' after `delays[payload]` seconds (or
-    `delay`), and counts the requests it served."""
+    """Stands in for a worker: answers a binary's description after
+    `delays[payload]` seconds (or `delay`), and counts the requests it served."""
 
     def __init__(self, delays: dict[bytes, float], ready: bool = True, delay: float = 0.0) -> None:
         self.ready = threading.Event()
@@ -295,10 +208,10 @@ class _StubWorker:
         self.delays, self.delay = delays, delay
         self.served = 0
 
-    def run(self, payload: bytes) -> str:
+    def run(self, payload: bytes) -> dict[str, Any]:
         time.sleep(self.delays.get(payload, self.delay))
         self.served += 1
-        return "ok"
+        return {"symbol": "stub"}
 
 
 def test_a_worker_that_becomes_ready_joins_the_session(
@@ -306,14 +219,13 @@ def test_a_worker_that_becomes_ready_joins_the_session(
 ) -> None:
     """Jobs queue behind the one ready worker; a worker still starting when the
     session opened takes its share once it is ready."""
-    monkeypatch.setattr(compile_pool, "_launchers", {})
     up, starting = _StubWorker({}, delay=0.3), _StubWorker({}, ready=False, delay=0.3)
     monkeypatch.setattr(compile_pool, "_workers", [up, starting])
     session = compile_pool.CompileSession(threads=1)
     assert session.workers == 2
     ran: list[int] = []
     for i in range(6):
-        session.add(_request(tmp_path / "k.py", block=16 << i), functools.partial(ran.append, i))
+        session.add(_request(tmp_path / "k.py", block=16 << i), lambda result, i=i: ran.append(i))
     time.sleep(0.1)
     starting.ready.set()
     session.close()
@@ -324,13 +236,12 @@ def test_a_worker_that_becomes_ready_joins_the_session(
 def test_with_no_worker_ready_yet_the_jobs_wait_for_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(compile_pool, "_launchers", {})
     starting = _StubWorker({}, ready=False)
     monkeypatch.setattr(compile_pool, "_workers", [starting])
     session = compile_pool.CompileSession(threads=4)
     ran: list[int] = []
     for i in range(3):
-        session.add(_request(tmp_path / "k.py", block=16 << i), functools.partial(ran.append, i))
+        session.add(_request(tmp_path / "k.py", block=16 << i), lambda result, i=i: ran.append(i))
     threading.Timer(0.2, starting.ready.set).start()
     session.close()
     assert sorted(ran) == [0, 1, 2] and session.by_workers == 3 and starting.served == 3
@@ -342,13 +253,12 @@ def test_a_sealed_session_compiles_its_jobs_before_anyone_waits(
     """`seal` ends the adding without waiting: the workers take every job, and the
     deferred `close` (a graph's first launch) then only collects them, as often as
     it is called."""
-    monkeypatch.setattr(compile_pool, "_launchers", {})
     up = _StubWorker({}, delay=0.05)
     monkeypatch.setattr(compile_pool, "_workers", [up])
     session = compile_pool.CompileSession(threads=1)
     done = threading.Semaphore(0)
     for i in range(4):
-        session.add(_request(tmp_path / "k.py", block=16 << i), done.release)
+        session.add(_request(tmp_path / "k.py", block=16 << i), lambda result: done.release())
     session.seal()
     session.seal()
     assert all(done.acquire(timeout=30) for _ in range(4))  # nobody waited on the session
@@ -358,14 +268,22 @@ def test_a_sealed_session_compiles_its_jobs_before_anyone_waits(
     assert session.by_workers == 4
 
 
-def test_cancelling_a_sealed_session_returns() -> None:
+def test_cancelling_a_sealed_session_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A cancel drops the queued jobs, the stop marks of the earlier seal among them:
     the threads still get theirs."""
     ran: list[int] = []
+
+    def compile_here(request: compile_pool.CompileRequest) -> dict[str, Any]:
+        time.sleep(0.05)
+        return {}
+
+    monkeypatch.setattr(compile_pool, "compile_here", compile_here)
     with config.scope(compile_workers=0):
         session = compile_pool.CompileSession(threads=2)
         for i in range(6):
-            session.add(None, functools.partial(lambda i: (time.sleep(0.05), ran.append(i)), i))
+            session.add(_request(tmp_path / "k.py"), lambda result, i=i: ran.append(i))
         session.seal()
         closer = threading.Thread(target=session.close, kwargs={"cancel": True})
         closer.start()
@@ -393,7 +311,6 @@ def test_jobs_no_worker_took_are_compiled_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The only worker dies while starting: its jobs run here when the session closes."""
-    monkeypatch.setattr(compile_pool, "_launchers", {})
     dying = _StubWorker({}, ready=False)
     exit_code: list[int] = []
     dying.process = type(
@@ -403,7 +320,7 @@ def test_jobs_no_worker_took_are_compiled_here(
     session = compile_pool.CompileSession(threads=4)
     ran: list[int] = []
     for i in range(3):
-        session.add(_request(tmp_path / "k.py", block=16 << i), functools.partial(ran.append, i))
+        session.add(_request(tmp_path / "k.py", block=16 << i), lambda result, i=i: ran.append(i))
     exit_code.append(1)
     session.close()
     assert sorted(ran) == [0, 1, 2] and session.by_workers == 0 and dying.served == 0
@@ -412,66 +329,12 @@ def test_jobs_no_worker_took_are_compiled_here(
 def test_a_worker_that_never_gets_ready_does_not_hold_up_the_session(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(compile_pool, "_launchers", {})
     up, stuck = _StubWorker({}), _StubWorker({}, ready=False)
     monkeypatch.setattr(compile_pool, "_workers", [up, stuck])
     session = compile_pool.CompileSession(threads=1)
     for i in range(3):
-        session.add(_request(tmp_path / "k.py", block=16 << i), lambda: None)
+        session.add(_request(tmp_path / "k.py", block=16 << i), lambda result: None)
     start = time.perf_counter()
     session.close()
     assert time.perf_counter() - start < 5
     assert up.served == 3 and stuck.served == 0
-
-
-def test_jobs_of_a_signature_load_after_its_launcher_is_built(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first request of a signature asks its worker for the C launcher; the other
-    jobs of that signature load (`here`) only once that request is answered, else the
-    parent would build the same launcher meanwhile."""
-    monkeypatch.setattr(compile_pool, "_launchers", {})
-    builds = _request(tmp_path / "k.py", block=64)
-    builds = dataclasses.replace(
-        builds, launcher=compile_pool._first_of_signature(builds.signature)
-    )
-    waits = _request(tmp_path / "k.py", block=128)
-    waits = dataclasses.replace(waits, launcher=compile_pool._first_of_signature(waits.signature))
-    assert builds.launcher and not waits.launcher
-    delays = {builds.payload: 0.5}  # whichever worker takes it
-    monkeypatch.setattr(compile_pool, "_workers", [_StubWorker(delays), _StubWorker(delays)])
-    loaded: dict[str, float] = {}
-    session = compile_pool.CompileSession(threads=1)
-    assert session.workers == 2
-    start = time.perf_counter()
-    session.add(builds, lambda: loaded.setdefault("builds", time.perf_counter() - start))
-    session.add(waits, lambda: loaded.setdefault("waits", time.perf_counter() - start))
-    session.close()
-    assert loaded["builds"] >= 0.5 and loaded["waits"] >= 0.5, loaded
-
-
-def test_a_request_that_cannot_be_sent_promises_no_launcher(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A capture whose values do not pickle is compiled here; it must not claim its
-    signature's launcher, or the signature's other jobs would wait for it in vain."""
-    monkeypatch.setattr(compile_pool, "_launchers", {})
-    monkeypatch.setattr(compile_pool, "_builds_launchers", lambda: True)  # as Triton 3.6
-    source = type("Source", (), {})()
-    source.signature = {"x": "*fp32", "n": "i32"}
-    source.constants, source.attrs = {}, {}
-    target = type("Target", (), {"backend": "cuda", "arch": 90, "warp_size": 32})()
-    fn = type("Fn", (), {"__module__": "m", "__name__": "f"})()
-    unpicklable = compile_pool._Captured(source, target, {"hook": lambda: None})
-    assert compile_pool._request(fn, "k.py", unpicklable) is None
-    assert compile_pool._launchers == {}
-    sendable = compile_pool._Captured(source, target, {"num_warps": 4})
-    first = compile_pool._request(fn, "k.py", sendable)
-    second = compile_pool._request(fn, "k.py", sendable)
-    assert first is not None and first.launcher
-    assert second is not None and not second.launcher
-    # a Triton without per-signature launchers: no request claims one, none waits
-    monkeypatch.setattr(compile_pool, "_launchers", {})
-    monkeypatch.setattr(compile_pool, "_builds_launchers", lambda: False)
-    later = compile_pool._request(fn, "k.py", sendable)
-    assert later is not None and not later.launcher and compile_pool._launchers == {}

@@ -31,6 +31,7 @@ from ember.ir import (
     lower_graph,
     verify,
 )
+from ember.runtime.artifact import Artifact, runner
 from ember.runtime.config import EmberConfigError, config
 from ember.runtime.kernels import (
     Launcher,
@@ -39,12 +40,7 @@ from ember.runtime.kernels import (
     unsupported_ops,
     wants_loops,
 )
-from ember.runtime.layouts import (
-    guard_layouts,
-    guard_symbolic_layouts,
-    input_records,
-    static_layouts,
-)
+from ember.runtime.layouts import input_records
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging
 from ember.runtime.wrapper import generate_wrapper
@@ -83,6 +79,8 @@ class CompileRecord:
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
     cudagraphs: str = "off"  # whether its calls replay CUDA graphs, or why not
+    # what it compiled to (ember.runtime.artifact: `record.artifact.save(dir)`)
+    artifact: Artifact | None = field(default=None, repr=False, compare=False)
 
     @property
     def seconds(self) -> float:
@@ -148,7 +146,15 @@ def compile_graph(
         with _timed(record, stage):
             wrapper = generate_wrapper(schedule, launchers)
             path = write_source(config.cache_dir / "wrappers", wrapper.source)
-            module = load_module(path, wrapper.injected)
+            module = load_module(path, {})
+            artifact = Artifact(
+                graph_name,
+                wrapper,
+                dict(launchers or {}),
+                input_records(program, gm),
+                tuple(static_inputs),
+            )
+            guarded = runner(artifact, module)
         _dump(debug, "wrapper.py", lambda: wrapper.source)
     except EmberConfigError:
         raise  # a setting changed mid-compile: running eagerly would hide it
@@ -169,15 +175,9 @@ def compile_graph(
         record.seconds * 1e3,
         path,
     )
+    record.artifact = artifact
     # kernels bake each input's strides and storage offset: a call with others copies
-    records = input_records(program, gm)
-    call: Callable[[list[Any]], Any] = guard_layouts(
-        guard_symbolic_layouts(module.call, records, graph_name),
-        static_layouts(records),
-        graph_name,
-        static_inputs,
-    )
-    call = _eager_on_shape_mismatch(call, eager_gm, record)
+    call = _eager_on_shape_mismatch(guarded, eager_gm, record)
     call = _graphed(call, eager_gm, record, static_inputs)
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked

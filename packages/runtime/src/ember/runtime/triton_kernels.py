@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
+from ember.codegen.triton.plan import GridSpec
 from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime import compile_pool, cuda_driver
 from ember.runtime.loader import load_module, write_source
@@ -299,11 +300,16 @@ class TritonLauncher:
     binds a `_Bound` launch for those sizes; later calls with them go straight to it.
     """
 
-    def __init__(self, kernel: TritonKernel, module: ModuleType) -> None:
+    def __init__(self, kernel: TritonKernel, module: ModuleType | None, grid: str = "") -> None:
+        """`module` holds the kernel's jit function, None for a launcher restored from
+        an artifact (`restore`), which loads it only if it must compile a variant the
+        artifact lacks. `grid` is the grid's Python text where `kernel.grid` is not
+        the real one (restored kernels)."""
         self.kernel = kernel
-        self.fn = getattr(module, kernel.function_name)
-        self.digest = module.__name__
-        self.path = str(module.__file__)
+        self._module = module
+        self.digest = hashlib.sha256(kernel.source.encode()).hexdigest()[:32]
+        self._grid_text = grid or kernel.grid.python()
+        self._grid = _grid_function(self._grid_text)
         self._buffers = len(kernel.buffer_arguments)
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
         self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
@@ -317,6 +323,17 @@ class TritonLauncher:
         self._binaries_lock = threading.Lock()
 
     # -- compiling -----------------------------------------------------------------
+
+    def module(self) -> ModuleType:
+        """The module of the kernel's jit function (loaded now for a restored
+        launcher: only compiling and Triton's interpreter need it)."""
+        if self._module is None:
+            self._module = load_kernel_module(self.kernel.source, _restored_sources())
+        return self._module
+
+    @property
+    def fn(self) -> Any:
+        return getattr(self.module(), self.kernel.function_name)
 
     def has(self, variant: Variant) -> bool:
         return variant in self.binaries
@@ -363,9 +380,10 @@ class TritonLauncher:
             "num_stages": variant.config.num_stages,
             **dict(self.kernel.launch_options),
         }
+        module = self.module()
         return compile_pool.CompileRequest(
-            path=self.path,
-            module=self.digest,
+            path=str(module.__file__),
+            module=module.__name__,
             function=self.kernel.function_name,
             signature=signature,
             constexprs=constexprs,
@@ -493,9 +511,105 @@ class TritonLauncher:
         return operands
 
     def grid(self, config: LaunchConfig, sizes: list[int]) -> tuple[int, int, int]:
-        return self.kernel.launch_grid(
-            config, dict(zip(self.kernel.size_arguments, sizes, strict=True))
+        by_name = dict(zip(self.kernel.size_arguments, sizes, strict=True))
+        return (self._grid(by_name, dict(config.blocks)), 1, 1)
+
+    # -- artifacts -----------------------------------------------------------------
+
+    def export(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """The launcher as data: its kernel's description, its binaries (files) and
+        the configs chosen so far, from which `restore` builds it again."""
+        kernel = self.kernel
+        files: dict[str, bytes] = {}
+        variants: list[dict[str, Any]] = []
+        for variant, binary in sorted(self.binaries.items(), key=lambda item: repr(item[0])):
+            if not isinstance(binary, KernelBinary):
+                continue  # a config that failed: the restored launcher skips it too
+            name = f"{kernel.name}.{len(variants)}.cubin"
+            files[name] = binary.image
+            variants.append(
+                {
+                    "config": _config_json(variant.config),
+                    "wide": variant.wide,
+                    "aligned": variant.aligned,
+                    "file": name,
+                    "symbol": binary.symbol,
+                    "kinds": list(binary.kinds),
+                    "threads": binary.threads,
+                    "shared": binary.shared,
+                    "scratch": binary.scratch,
+                    "scratch_align": binary.scratch_align,
+                }
+            )
+        chosen = [
+            {"sizes": list(sizes), "dtypes": [str(d) for d in dtypes], "config": _config_json(c)}
+            for (digest, sizes, dtypes), c in _chosen.items()
+            if digest == self.digest
+        ]
+        spec = {
+            "type": "triton",
+            "name": kernel.name,
+            "function": kernel.function_name,
+            "source": kernel.source,
+            "kind": kernel.kind,
+            "buffers": list(kernel.buffer_arguments),
+            "dtypes": [str(d).removeprefix("torch.") for d in kernel.buffer_dtypes],
+            "sizes": list(kernel.size_arguments),
+            "bounds": list(kernel.bounds_arguments),
+            "reads": list(kernel.reads),
+            "written": list(kernel.written),
+            "grid": self._grid_text,
+            "configs": [_config_json(c) for c in kernel.configs],
+            "index_type": kernel.index_type,
+            "index_checks": [list(c) for c in kernel.index_checks],
+            "launch_options": [list(o) for o in kernel.launch_options],
+            "variants": variants,
+            "chosen": chosen,
+        }
+        return spec, files
+
+    @staticmethod
+    def restore(spec: dict[str, Any], files: dict[str, bytes]) -> TritonLauncher:
+        """A launcher from `export`'s data: its binaries launch without Triton's
+        compiler; only a variant the artifact lacks (64-bit sizes, an unaligned
+        buffer) would be compiled, from the kernel's source."""
+        kernel = TritonKernel(
+            name=spec["name"],
+            function_name=spec["function"],
+            source=spec["source"],
+            kind=spec["kind"],
+            buffer_arguments=tuple(spec["buffers"]),
+            buffer_dtypes=tuple(getattr(torch, d) for d in spec["dtypes"]),
+            size_arguments=tuple(spec["sizes"]),
+            bounds_arguments=tuple(spec["bounds"]),
+            reads=tuple(spec["reads"]),
+            written=tuple(spec["written"]),
+            grid=GridSpec(()),  # the grid is `spec["grid"]`'s text
+            configs=tuple(_config_from(c) for c in spec["configs"]),
+            index_type=spec["index_type"],
+            index_checks=tuple((str(w), int(d)) for w, d in spec["index_checks"]),
+            launch_options=tuple((str(k), bool(v)) for k, v in spec["launch_options"]),
         )
+        launcher = TritonLauncher(kernel, None, grid=spec["grid"])
+        for entry in spec["variants"]:
+            variant = Variant(_config_from(entry["config"]), entry["wide"], entry["aligned"])
+            launcher.binaries.setdefault(
+                variant,
+                KernelBinary(
+                    symbol=entry["symbol"],
+                    image=files[entry["file"]],
+                    kinds=tuple(entry["kinds"]),
+                    threads=entry["threads"],
+                    shared=entry["shared"],
+                    scratch=entry["scratch"],
+                    scratch_align=entry["scratch_align"],
+                ),
+            )
+        for entry in spec["chosen"]:
+            dtypes = tuple(getattr(torch, d.removeprefix("torch.")) for d in entry["dtypes"])
+            key = (launcher.digest, tuple(entry["sizes"]), dtypes)
+            _chosen.setdefault(key, _config_from(entry["config"]))
+        return launcher
 
     def _launch_jit(self, config: LaunchConfig, operands: list[Any], sizes: list[int]) -> Any:
         """A launch through Triton's jit: only for its interpreter (or tensors that
@@ -566,6 +680,41 @@ class TritonLauncher:
             assert first_error is not None
             raise first_error
         return best
+
+
+def _grid_function(text: str) -> Callable[[dict[str, int], dict[str, int]], int]:
+    """The grid's block count as a function of (sizes by name, blocks by name), from
+    its Python text (`GridSpec.python`: ember's own, from the kernel it rendered or the
+    artifact's checked spec)."""
+    function = _GRIDS.get(text)
+    if function is None:
+        function = _GRIDS[text] = eval(f"lambda sizes, blocks: {text}")
+    return function
+
+
+_GRIDS: dict[str, Callable[[dict[str, int], dict[str, int]], int]] = {}
+
+
+def _config_json(config: LaunchConfig) -> dict[str, Any]:
+    return {
+        "blocks": [list(b) for b in config.blocks],
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
+    }
+
+
+def _config_from(data: dict[str, Any]) -> LaunchConfig:
+    blocks = tuple((str(name), int(value)) for name, value in data["blocks"])
+    return LaunchConfig(blocks, int(data["num_warps"]), int(data["num_stages"]))
+
+
+@functools.cache
+def _restored_sources() -> Path:
+    """Where restored launchers write their kernels' sources when they must load
+    them (Triton reads a jit function's source from its file)."""
+    from ember.runtime.config import config
+
+    return Path(config.cache_dir) / "kernels"
 
 
 class _Bound:

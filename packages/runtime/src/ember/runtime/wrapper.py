@@ -4,8 +4,15 @@ The wrapper is plain Python source, written to a file so tracebacks point at rea
 lines. Its `call(args)` takes the inputs as a list (AOTAutograd's boxed convention),
 clears the list so the wrapper owns the inputs, binds the size symbols from the
 inputs, runs each step, and drops every value right after its last use as the memory
-plan says. Operators and values that have no source form (constants, opaque objects)
-are injected into the module's globals by the loader.
+plan says.
+
+The module is self-contained: operators are named by their path
+(`torch.ops.aten.add.Tensor`), devices by their text, and what has no source form
+is bound by name when the module is loaded (ember.runtime.artifact): the kernels'
+launchers, built from the artifact's binaries, and the graph's constant tensors,
+kept in its weights file. Any other object the graph holds (an opaque script
+object, say) is `live`: it exists only in the compiling process, and an artifact
+holding one cannot be saved.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir import BufferRef, ExternKernel, InputBuffer, Layout, SizeInput, ensure_layout
+from ember.ir import BufferRef, ExternKernel, InputBuffer, Layout, SizeInput
 from ember.runtime.pyexpr import pyexpr, symbol_name
 from ember.scheduler import (
     Allocation,
@@ -32,34 +39,46 @@ from ember.scheduler import (
 
 @dataclass
 class WrapperSource:
-    """The wrapper's source text and the objects its globals must hold."""
+    """The wrapper's source text and what its globals are bound to at load: the
+    kernels (by name), the constants and the live objects."""
 
     source: str
-    injected: dict[str, Any] = field(default_factory=dict)
+    kernels: tuple[str, ...] = ()
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    live: dict[str, Any] = field(default_factory=dict)
 
 
 class _Writer:
     def __init__(self) -> None:
-        self.injected: dict[str, Any] = {}
+        self.live: dict[str, Any] = {}
+        self.header: dict[str, str] = {}  # module-level name -> its definition
         self._ids: dict[int, str] = {}
 
     def inject(self, prefix: str, obj: Any) -> str:
+        """A name for an object with no source form, bound at load in this process."""
         key = id(obj)
         if key not in self._ids:
-            name = f"{prefix}{len(self.injected)}"
+            name = f"{prefix}{len(self.live)}"
             self._ids[key] = name
-            self.injected[name] = obj
+            self.live[name] = obj
         return self._ids[key]
 
-    def op(self, op: torch._ops.OpOverload) -> str:
+    def define(self, name: str, definition: str) -> str:
+        """A module-level `name = definition` in the header (once per name)."""
+        if self.header.setdefault(name, definition) != definition:
+            raise ValueError(f"wrapper name {name!r} defined twice: {definition}")
+        return name
+
+    def op(self, op: Any) -> str:
+        if not isinstance(op, torch._ops.OpOverload):
+            return self.inject("op", op)  # a higher-order operator: no path to name it by
         packet = op.overloadpacket.__name__
         raw = f"{op.namespace}_{packet}_{op._overloadname}"
         name = "".join(c if c.isalnum() else "_" for c in raw)
-        existing = self.injected.get(name)
-        if existing is not None and existing is not op:
-            return self.inject("op", op)
-        self.injected[name] = op
-        return name
+        path = f"torch.ops.{op.namespace}.{packet}.{op._overloadname}"
+        if getattr(getattr(getattr(torch.ops, op.namespace), packet), op._overloadname) is not op:
+            return self.inject("op", op)  # not reachable by its path (a private copy)
+        return self.define(name, path)
 
     def arg(self, value: Any) -> str:
         if isinstance(value, BufferRef):
@@ -80,8 +99,7 @@ class _Writer:
             return str(value)
         if isinstance(value, torch.device):  # one module global per device, not one per call
             name = "device_" + "".join(c if c.isalnum() else "_" for c in str(value))
-            self.injected[name] = value
-            return name
+            return self.define(name, f"torch.device({str(value)!r})")
         return self.inject("obj", value)
 
 
@@ -95,12 +113,15 @@ def generate_wrapper(
     """
     program = schedule.program
     w = _Writer()
+    constants: dict[str, torch.Tensor] = {}
     for const in program.constants:
-        w.injected[const.name] = const.value
+        if isinstance(const.value, torch.Tensor):
+            constants[const.name] = const.value
+        else:
+            w.live[const.name] = const.value
     for kernel in schedule.kernels:
         if launchers is None or kernel.name not in launchers:
             raise KeyError(f"no compiled launcher for fused kernel {kernel.name!r}")
-        w.injected[kernel.name] = launchers[kernel.name]
     body: list[str] = []
     names = [node.name for node in program.inputs]
     if names:
@@ -135,15 +156,24 @@ def generate_wrapper(
     outputs = [w.arg(o) for o in program.outputs]
     body.append(f"return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
 
+    at_load = [*(k.name for k in schedule.kernels), *constants, *w.live]
     header = [
         f"# Wrapper generated by ember for graph {program.name!r}.",
         f"# {schedule.kernel_count} kernel launches, {len(schedule.steps)} steps.",
         "import torch",
+        "from ember.ir import ensure_layout",
+        "",
+        *(f"{name} = {definition}" for name, definition in sorted(w.header.items())),
+        "",
+        "# bound at load: kernels, constants and live objects",
+        *(f"{name} = None" for name in at_load),
         "",
         "",
         "def call(args):",
     ]
-    return WrapperSource("\n".join(header + ["    " + line for line in body]) + "\n", w.injected)
+    source = "\n".join(header + ["    " + line for line in body]) + "\n"
+    kernels = tuple(k.name for k in schedule.kernels)
+    return WrapperSource(source, kernels, constants, dict(w.live))
 
 
 def _bind_symbols(schedule: Schedule, bound: set[sympy.Symbol]) -> list[str]:
@@ -223,7 +253,6 @@ def _layout_check(
     lines = _bind_from(name, layout, bound, sizes_only=True)
     if not layout.free_symbols <= bound:
         return lines
-    w.injected["ensure_layout"] = ensure_layout
     size, stride = w.arg(tuple(layout.size)), w.arg(tuple(layout.stride))
     offset = w.arg(layout.offset)
     return [*lines, f"{name} = ensure_layout({name}, {size}, {stride}, {offset}, {what!r})"]
