@@ -14,7 +14,7 @@ import torch
 
 from ember.runtime import compile_pool
 from ember.runtime.config import config
-from ember.runtime.loader import load_module
+from ember.runtime.loader import load_module, write_source
 
 pytestmark = [
     pytest.mark.cuda,
@@ -36,8 +36,8 @@ def test_a_worker_compile_is_a_cache_hit_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    path = tmp_path / "kernel.py"
-    path.write_text(KERNEL.format(salt=hash(tmp_path) % 1000))  # never in another cache
+    salted = KERNEL.format(salt=hash(tmp_path) % 1000)  # never in another cache
+    path = write_source(tmp_path / "sources", salted, prefix="k")
     fn = load_module(path, {}).triple_plus
     device = torch.device("cuda", torch.cuda.current_device())
 

@@ -23,6 +23,7 @@ import pytest
 
 from ember.runtime import compile_pool
 from ember.runtime.config import config
+from ember.runtime.loader import write_source
 
 HOPPER = ("cuda", 90, 32)
 KERNEL = """
@@ -88,8 +89,7 @@ def workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_a_worker_compiles_a_request_into_the_cache(tmp_path: Path, workers: Any) -> None:
-    source = tmp_path / "k.py"
-    source.write_text(KERNEL)
+    source = write_source(tmp_path / "sources", KERNEL, prefix="k")
     requests = [_request(source, block=64), _request(source, block=128), None]
     # every job's `here` runs: after a worker compiled it (a load), or instead of one
     assert _run(requests) == (2, [0, 1, 2])
@@ -105,8 +105,7 @@ def test_a_worker_builds_the_launcher_where_this_triton_needs_one(
     launch through one generic launcher, and the worker builds nothing."""
     import importlib
 
-    source = tmp_path / "k.py"
-    source.write_text(KERNEL)
+    source = write_source(tmp_path / "sources", KERNEL, prefix="k")
     request = dataclasses.replace(_request(source), launcher=True)
     assert workers[0].run(request.payload) == "ok"
     built = list((tmp_path / "triton-cache").rglob("__triton_launcher*"))
@@ -125,17 +124,26 @@ def test_only_a_signatures_first_request_asks_for_its_launcher(
 
 
 def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) -> None:
-    source = tmp_path / "k.py"
-    source.write_text("def not_a_kernel(*args, **kwargs):\n    raise ValueError('boom')\n")
+    not_a_kernel = "def not_a_kernel(*args, **kwargs):\n    raise ValueError('boom')\n"
+    source = write_source(tmp_path / "sources", not_a_kernel, prefix="k")
+    # a kernel file changed after it was written, and one written outside the cache:
+    # neither is loaded, whatever it holds
+    altered = write_source(tmp_path / "sources", KERNEL, prefix="k")
+    altered.write_text(KERNEL.replace("* 2", "* 3"))
+    outside = tmp_path / "outside.py"
+    outside.write_text(KERNEL)
     requests = [
         _request(source, "not_a_kernel"),
         _request(tmp_path / "missing.py"),
         _request(source, "absent"),
+        _request(altered),
+        _request(outside),
     ]
     failures = [workers[0].run(r.payload) for r in requests]
     assert all(f.startswith("error: ") for f in failures), failures
     assert "AttributeError" in failures[2]
-    assert _run(requests) == (0, [0, 1, 2])
+    assert "fails its check" in failures[3] and "fails its check" in failures[4]
+    assert _run(requests) == (0, [0, 1, 2, 3, 4])
 
 
 def test_without_workers_everything_compiles_here(tmp_path: Path) -> None:
