@@ -21,6 +21,7 @@ import pytest
 
 from ember.runtime import compile_pool
 from ember.runtime.config import config
+from ember.runtime.loader import write_source
 
 HOPPER = ("cuda", 90, 32)
 KERNEL = """
@@ -78,8 +79,7 @@ def workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_a_worker_compiles_a_request_into_a_binary(tmp_path: Path, workers: Any) -> None:
-    source = tmp_path / "k.py"
-    source.write_text(KERNEL)
+    source = write_source(tmp_path / "sources", KERNEL, prefix="k")
     by_workers, results = _run([_request(source, block=64), _request(source, block=128)])
     assert by_workers == 2
     for result in results:
@@ -91,23 +91,31 @@ def test_a_worker_compiles_a_request_into_a_binary(tmp_path: Path, workers: Any)
 
 
 def test_failed_requests_are_compiled_here_once(tmp_path: Path, workers: Any) -> None:
-    source = tmp_path / "k.py"
-    source.write_text("def not_a_kernel(*args, **kwargs):\n    raise ValueError('boom')\n")
+    not_a_kernel = "def not_a_kernel(*args, **kwargs):\n    raise ValueError('boom')\n"
+    source = write_source(tmp_path / "sources", not_a_kernel, prefix="k")
+    # a kernel file changed after it was written, and one written outside the cache:
+    # neither is loaded, whatever it holds
+    altered = write_source(tmp_path / "sources", KERNEL, prefix="k")
+    altered.write_text(KERNEL.replace("* 2", "* 3"))
+    outside = tmp_path / "outside.py"
+    outside.write_text(KERNEL)
     requests = [
         _request(source, "not_a_kernel"),
         _request(tmp_path / "missing.py"),
         _request(source, "absent"),
+        _request(altered),
+        _request(outside),
     ]
     failures = [workers[0].run(r.payload) for r in requests]
     assert all(isinstance(f, str) and f.startswith("error: ") for f in failures), failures
     assert "AttributeError" in str(failures[2])
+    assert "fails its check" in str(failures[3]) and "fails its check" in str(failures[4])
     by_workers, results = _run(requests)  # each compiled here once more, and failing
     assert by_workers == 0 and all(isinstance(r, Exception) for r in results)
 
 
 def test_without_workers_everything_compiles_here(tmp_path: Path) -> None:
-    source = tmp_path / "k.py"
-    source.write_text(KERNEL)
+    source = write_source(tmp_path / "sources", KERNEL, prefix="k")
     with config.scope(compile_workers=0):
         assert compile_pool.start() == 0
         requests = [_request(source, block=32 << i) for i in range(3)]

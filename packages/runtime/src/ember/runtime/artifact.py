@@ -55,7 +55,7 @@ from ember.runtime.layouts import (
     guard_symbolic_layouts,
     static_layouts,
 )
-from ember.runtime.loader import load_module
+from ember.runtime.loader import load_module, write_source
 from ember.runtime.wrapper import WrapperSource
 
 FORMAT = 1
@@ -161,8 +161,7 @@ def load_artifact(directory: Path | str) -> tuple[Artifact, Callable[[list[Any]]
         inputs=[InputRecord.from_json(r) for r in manifest["inputs"]],
         static_inputs=tuple(int(i) for i in manifest["static_inputs"]),
     )
-    path = private / WRAPPER
-    path.write_text(source)
+    path = write_source(private / "wrapper", source)  # a checked entry, as compiled ones
     return artifact, runner(artifact, load_module(path, {}))
 
 

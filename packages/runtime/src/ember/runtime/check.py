@@ -35,6 +35,7 @@ import torch.fx
 
 from ember.runtime.accuracy import Comparison, compare, tolerance
 from ember.runtime.config import config
+from ember.runtime.store import secure_directory
 
 log = logging.getLogger("ember.runtime.check")
 
@@ -117,8 +118,8 @@ def _dump_location(graph: str, eager_gm: torch.fx.GraphModule, wrapper: Path | N
     directory = config.debug_dir / graph if config.debug_dir is not None else None
     if directory is not None and directory.exists():
         return directory
-    directory = config.cache_dir / "check" / graph
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = secure_directory(config.cache_dir / "check") / graph  # made 0700, as the cache
+    directory.mkdir(exist_ok=True)
     (directory / "graph.py").write_text(eager_gm.code)
     (directory / "wrapper_path.txt").write_text(f"{wrapper}\n")
     return directory

@@ -7,7 +7,8 @@ that importing it imports neither the `ember.runtime` package nor torch (which t
 seconds and holds a CUDA context). It reads pickled compile requests from stdin and
 writes one pickled reply per request: the compiled binary described in plain values
 (`compile_binary`), or a string saying what went wrong. A request names the kernel's
-module file and function and gives the exact specialisation to compile (signature,
+module file (a file of ember's cache, checked against its recorded SHA-256 before it
+is loaded) and function and gives the exact specialisation to compile (signature,
 constants, attributes, target, options), which the parent builds from what it
 rendered; nothing of Triton's jit state is involved.
 
@@ -29,10 +30,14 @@ import sys
 sys.path[:] = [p for p in sys.path if p != (__file__.rpartition("/")[0] or ".")]
 
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
+import linecache  # noqa: E402
 import os  # noqa: E402
 import pickle  # noqa: E402
+import types  # noqa: E402
 import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import IO, Any  # noqa: E402
 
 import triton  # noqa: E402
@@ -50,16 +55,38 @@ def _warm_up_kernel(out, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def
 _modules: dict[str, Any] = {}
 
 
+@functools.cache
+def _store() -> Any:
+    """ember.runtime.store, loaded by its file path (it imports the standard library
+    only; importing it as part of ember.runtime would import torch)."""
+    location = Path(__file__).with_name("store.py")
+    spec = importlib.util.spec_from_file_location("ember_compile_worker_store", location)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {location}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _function(path: str, module_name: str, function: str) -> Any:
-    """The jit function `function` of the file at `path`, loaded under the module name
-    the parent gave it, so that nothing of the function differs from the parent's."""
+    """The jit function `function` of the file at `path` (a cache entry's file, checked
+    against its recorded SHA-256 first), made into a module under the name the parent
+    gave it, the way the parent's ember.runtime.loader.load_module makes it: compiled
+    from the checked text, never imported (no `.pyc` written or read), the text in
+    `linecache` for Triton's jit to read. Nothing of the function differs from the
+    parent's, so both compute the same Triton cache key."""
     module = _modules.get(path)
     if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load kernel module {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        data = _store().read_file(Path(path))
+        if data is None:
+            raise ImportError(f"kernel module {path} is missing or fails its check; not loaded")
+        text = data.decode()
+        code = compile(text, path, "exec", dont_inherit=True)
+        module = types.ModuleType(module_name)
+        module.__file__ = path
+        linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
+        exec(code, module.__dict__)
         _modules[path] = module
     return getattr(module, function)
 

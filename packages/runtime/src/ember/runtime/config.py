@@ -183,7 +183,9 @@ KNOBS: dict[str, Knob[Any]] = {
         "EMBER_CACHE_DIR",
         _parse_directory,
         _default_cache_dir,
-        "Where generated code is written (default ~/.cache/ember).",
+        "Where generated code is written (default ~/.cache/ember): used only where it is "
+        "yours and no one else can write to it or above it; else a private directory, "
+        "with a warning.",
     ),
     "kernels": Knob(
         "EMBER_KERNELS",

@@ -1,10 +1,9 @@
 """Compiling, caching, loading and calling the C++ kernels of ember.codegen.cpp.
 
 `compile_cpp_kernels(kernels, cache_dir=...)` renders a graph's fused kernels into
-one translation unit, compiles it with the system C++ compiler into a shared object
-(cached by the hash of source, compiler and flags, written atomically, so processes
-can share the cache), loads it with ctypes and returns one callable per kernel. A
-callable takes torch tensors in `kernel.buffer_arguments()` order, then Python ints in
+one translation unit, compiles it with the system C++ compiler into a shared object,
+loads it with ctypes and returns one callable per kernel. A callable takes torch
+tensors in `kernel.buffer_arguments()` order, then Python ints in
 `kernel.size_arguments()` order, and passes each tensor's *storage* base pointer (the
 kernels index storage offsets). Before each call the OpenMP thread count follows
 `torch.get_num_threads()`. A kernel that can find errors (an index outside its
@@ -13,6 +12,19 @@ too; when the kernel has set it, the call raises what eager would have raised
 (`IndexOutOfBounds`, or a RuntimeError saying ZeroDivisionError), naming the op, the
 graph node and the bad index: the kernel itself never reads or writes outside a
 buffer, nor traps.
+
+The shared object is cached as one entry of an `ember.runtime.store.EntryStore`
+(`<cache_dir>/cpp/k<key>/`: the library, its source and the flags it was built with),
+so processes can share it. The key hashes the source, the compiler's identity, the
+flags and the CPU target that `-march=native` resolves to on this machine
+(`native_target`), never the literal `-march=native`: machines whose CPUs differ in
+features never share a library (one built for AVX-512 would die of SIGILL on a CPU
+without it). The library's bytes are checked against their recorded SHA-256 before it
+is dlopen'ed: a truncated library (SIGBUS when mapped) or one copied over another
+entry (other values) is rebuilt, never loaded. The check reads the file and dlopen
+then opens it again by path; no one else can swap it in between, because the cache
+directory is this user's own and no one else can write to it or to any directory
+above it (`store.secure_directory`).
 
 The compiler is `$CXX`, else the first of c++, g++, clang++ on PATH. Flags:
 `-O3 -fopenmp -shared -fPIC -std=c++17 -ffp-contract=fast -fno-math-errno` and
@@ -29,7 +41,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -43,14 +58,17 @@ import torch
 
 from ember.codegen.cpp import CppSource, KernelInfo, render_kernels
 from ember.ir import IndexOutOfBounds, index_error_message
+from ember.runtime.store import Entry, EntryStore
 from ember.scheduler import FusedKernel
 
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 BASE_FLAGS += ("-ffp-contract=fast", "-fno-math-errno")
-NATIVE_FLAGS = ("-march=native", "-mprefer-vector-width=512")
+WIDE_VECTORS = "-mprefer-vector-width=512"
+NATIVE_FLAGS = ("-march=native", WIDE_VECTORS)
 # tried in order until the compiler accepts one (non-x86 compilers reject the width)
 FLAG_CHOICES = ((*BASE_FLAGS, *NATIVE_FLAGS), (*BASE_FLAGS, "-march=native"), BASE_FLAGS)
 COMPILERS = ("c++", "g++", "clang++")
+BUILD_RECORD = "build.json"  # in a library's cache entry: the flags it was built with
 
 
 class CppCompileError(RuntimeError):
@@ -156,29 +174,113 @@ class CppKernel:
 
 
 def compile_cpp_source(source: CppSource, *, cache_dir: Path) -> CompiledUnit:
-    """Compile (or find in the cache) and load one translation unit."""
+    """Compile (or find in the cache, checked) and load one translation unit."""
     compiler = find_compiler()
-    identity = compiler_identity(compiler)
-    key = hashlib.sha256(
-        "\0".join([source.source, identity, *BASE_FLAGS, *NATIVE_FLAGS]).encode()
-    ).hexdigest()[:32]
-    directory = Path(cache_dir) / "cpp"
-    directory.mkdir(parents=True, exist_ok=True)
-    library = directory / f"k{key}.so"
+    key = f"k{unit_key(source.source, compiler)}"
+    store = EntryStore(Path(cache_dir) / "cpp")
+    entry = store.get(key)
+    if entry is not None and not _holds(entry, key, source.source):
+        reason = "it does not hold this translation unit's library, source and flags"
+        store.discard(key, reason, entry=entry)
+        entry = None
     seconds = 0.0
-    flags: tuple[str, ...] = (*BASE_FLAGS, *NATIVE_FLAGS)
-    if not library.exists():
+    if entry is None:
         start = time.perf_counter()
-        flags = _build(compiler, source.source, directory, library)
+        entry = _build(compiler, source.source, store, key)
         seconds = time.perf_counter() - start
-    loaded = ctypes.CDLL(str(library))
+        if not _holds(entry, key, source.source):  # another writer's, under this key
+            raise CppCompileError(f"the cache entry {entry.directory} holds another unit")
+    flags = tuple(json.loads(entry.files[BUILD_RECORD])["flags"])
+    library = entry.path(f"{key}.so")
+    loaded = ctypes.CDLL(str(library))  # checked above; see the module docstring
     loaded.ember_set_num_threads.argtypes = [ctypes.c_int]
     loaded.ember_set_num_threads.restype = None
     return CompiledUnit(library, loaded, source, seconds, flags)
 
 
-def _build(compiler: str, text: str, directory: Path, library: Path) -> tuple[str, ...]:
-    with tempfile.TemporaryDirectory(dir=directory, prefix="build-") as scratch:
+def _holds(entry: Entry, key: str, text: str) -> bool:
+    """Whether a (checked) entry holds a library built from `text`, and its flags."""
+    if entry.files.get(f"{key}.cpp") != text.encode() or f"{key}.so" not in entry.files:
+        return False
+    try:
+        flags = json.loads(entry.files[BUILD_RECORD])["flags"]
+    except (KeyError, ValueError, TypeError):
+        return False
+    return isinstance(flags, list) and all(isinstance(f, str) for f in flags)
+
+
+def unit_key(text: str, compiler: str) -> str:
+    """The cache key of a translation unit: its source, the compiler's identity, the
+    flags, and the target `-march=native` resolves to on this machine."""
+    # `-march=native` itself would say nothing: each machine reads it differently
+    target = native_target(compiler)
+    parts = [text, compiler_identity(compiler), *BASE_FLAGS, WIDE_VECTORS, target]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def native_target(compiler: str) -> str:
+    """What `-march=native` stands for with `compiler` on this CPU, as text for the
+    cache key (once per process): the architecture and every feature flag the
+    compiler's driver resolves it to (GCC passes them to cc1 as `-march=<cpu>` and
+    `-m<feature>`/`-mno-<feature>`, Clang as `-target-cpu` and `-target-feature`),
+    shown by `-###`. Where the compiler cannot say, the CPU's flags from
+    /proc/cpuinfo."""
+    command = [compiler, "-###", "-x", "c++", "-E", "-", "-march=native"]
+    try:
+        result = subprocess.run(
+            command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError):
+        result = None
+    if result is not None and result.returncode == 0:
+        resolved = resolved_target_flags(result.stderr)
+        if resolved:
+            return "compiler: " + " ".join(resolved)
+    return "cpuinfo: " + cpuinfo_features()
+
+
+_TARGET_OPTIONS = ("-target-cpu", "-target-feature", "-tune-cpu", "--param")
+
+
+def resolved_target_flags(driver_output: str) -> list[str]:
+    """The target flags of the first command in a compiler driver's `-###` output
+    (`driver_output`) that names a resolved CPU: `-march=<cpu>` other than native
+    (GCC) or `-target-cpu <cpu>` (Clang). Empty where no command does."""
+    for line in driver_output.splitlines():
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        resolved = any(w.startswith("-march=") and w != "-march=native" for w in words)
+        if not resolved and "-target-cpu" not in words:
+            continue
+        flags = []
+        for index, word in enumerate(words):
+            if word in _TARGET_OPTIONS and index + 1 < len(words):
+                flags.append(f"{word} {words[index + 1]}")
+            elif word.startswith("-m") and word != "-march=native":
+                flags.append(word)
+        return flags
+    return []
+
+
+def cpuinfo_features() -> str:
+    """The machine and its CPU's feature flags (x86 `flags`, Arm `Features`) from
+    /proc/cpuinfo, sorted; the processor name where there is no such file."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return f"{platform.machine()} {' '.join(sorted(set(value.split())))}"
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def _build(compiler: str, text: str, store: EntryStore, key: str) -> Entry:
+    with tempfile.TemporaryDirectory(dir=store.directory, prefix="build-") as scratch:
         cpp = Path(scratch) / "kernels.cpp"
         cpp.write_text(text)
         output = Path(scratch) / "kernels.so"
@@ -187,18 +289,14 @@ def _build(compiler: str, text: str, directory: Path, library: Path) -> tuple[st
             command = [compiler, *flags, str(cpp), "-o", str(output)]
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode == 0:
-                _publish(cpp, library.with_suffix(".cpp"))
-                os.replace(output, library)  # atomic: readers see all of it or nothing
-                return flags
+                files = {
+                    f"{key}.so": output.read_bytes(),
+                    f"{key}.cpp": text.encode(),  # kept beside the library, for debugging
+                    BUILD_RECORD: json.dumps({"flags": list(flags)}).encode(),
+                }
+                return store.put(key, files)  # one step: readers see all of it or nothing
             errors.append(f"$ {' '.join(command)}\n{result.stderr[-4000:]}")
         raise CppCompileError("the C++ compiler failed on generated kernels:\n" + "\n".join(errors))
-
-
-def _publish(source: Path, target: Path) -> None:
-    """Keep the source next to the library, for debugging (atomically too)."""
-    temporary = target.with_suffix(f".{os.getpid()}.tmp")
-    shutil.copyfile(source, temporary)
-    os.replace(temporary, target)
 
 
 def compile_cpp_kernels(

@@ -1,9 +1,9 @@
 """Compiling, tuning and launching the Triton kernels of a schedule.
 
 `compile_triton_kernels(kernels, cache_dir=...)` renders each `FusedKernel` (through
-ember.codegen.triton), writes its source to a content-addressed file under
-`cache_dir` (Triton reads the function's source from a real file), imports it, and
-returns one launcher per kernel name. Kernels with identical source share one module
+ember.codegen.triton), keeps its source as a checked entry of the cache under
+`cache_dir` (ember.runtime.loader: the compile workers load the same file), executes
+it as a module, and returns one launcher per kernel name. Kernels with identical source share one module
 and so one set of binaries (the same layer repeated twelve times compiles once).
 
 Ember compiles each candidate config itself: it knows every argument's type (its
