@@ -12,9 +12,11 @@ from ember.runtime import config
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path) -> Iterator[None]:
-    """Fresh Dynamo state and a private cache dir for each test."""
+    """Fresh Dynamo state and a private cache dir for each test. Whole graphs compile
+    every time (the compile cache is off): tests that patch a compiler stage must see
+    it run; test_compile_cache.py turns the cache on."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    with config.scope(cache_dir=tmp_path / "cache"):
+    with config.scope(cache_dir=tmp_path / "cache", compile_cache=False):
         yield
     torch._dynamo.reset()

@@ -80,6 +80,7 @@ class Artifact:
     inputs: list[InputRecord]
     static_inputs: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # more manifest entries
+    source_path: Path | None = None  # where the wrapper module's file is, once loaded
 
     def bind(self, module: ModuleType) -> ModuleType:
         """Bind the wrapper module's kernels, constants and live objects."""
@@ -89,16 +90,14 @@ class Artifact:
         module.__dict__.update(self.wrapper.live)
         return module
 
-    def save(self, directory: Path | str) -> Path:
-        """Write the artifact under `directory` (created; files in it are replaced)."""
+    def files(self) -> dict[str, bytes]:
+        """Every file of the saved artifact by its path in it, the manifest included."""
         if self.wrapper.live:
             raise ArtifactError(
                 f"graph {self.graph} holds objects with no saved form "
                 f"({', '.join(f'{k}: {type(v).__name__}' for k, v in self.wrapper.live.items())});"
                 " it runs in this process but cannot be saved"
             )
-        root = Path(directory)
-        (root / "kernels").mkdir(parents=True, exist_ok=True)
         files: dict[str, bytes] = {WRAPPER: self.wrapper.source.encode()}
         kernels: dict[str, Any] = {}
         units: dict[int, str] = {}
@@ -117,9 +116,18 @@ class Artifact:
             **self.extra,
             "files": {path: _digest(data) for path, data in sorted(files.items())},
         }
+        files[MANIFEST] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+        return files
+
+    def save(self, directory: Path | str) -> Path:
+        """Write the artifact under `directory` (created; files in it are replaced)."""
+        files = self.files()
+        root = Path(directory)
+        (root / "kernels").mkdir(parents=True, exist_ok=True)
         for path, data in files.items():
-            (root / path).write_bytes(data)
-        (root / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+            if path != MANIFEST:
+                (root / path).write_bytes(data)
+        (root / MANIFEST).write_bytes(files[MANIFEST])  # last: a complete artifact
         return root
 
 
@@ -142,11 +150,17 @@ def load_artifact(directory: Path | str) -> tuple[Artifact, Callable[[list[Any]]
     file is missing or altered."""
     root = Path(directory)
     manifest = read_manifest(root)
-    check_requirements(manifest, root)
-    files = _verified_files(root, manifest)
-    constants = _restore_constants(
-        manifest["constants"], root / CONSTANTS if CONSTANTS in files else None
-    )
+    check_requirements(manifest, root / MANIFEST)
+    return load_files(manifest, _verified_files(root, manifest), str(root))
+
+
+def load_files(
+    manifest: dict[str, Any], files: dict[str, bytes], where: str
+) -> tuple[Artifact, Callable[[list[Any]], Any]]:
+    """An artifact from its manifest (checked against this process by the caller) and
+    its files, each already checked against the manifest's hash; `where` names it in
+    errors."""
+    constants = _restore_constants(manifest["constants"], files.get(CONSTANTS), where)
     private = Path(tempfile.mkdtemp(prefix="ember-artifact-"))  # 0700: nobody swaps files in
     launchers: dict[str, Any] = {}
     units: dict[str, Any] = {}
@@ -162,7 +176,17 @@ def load_artifact(directory: Path | str) -> tuple[Artifact, Callable[[list[Any]]
         static_inputs=tuple(int(i) for i in manifest["static_inputs"]),
     )
     path = write_source(private / "wrapper", source)  # a checked entry, as compiled ones
+    artifact.source_path = path
     return artifact, runner(artifact, load_module(path, {}))
+
+
+def verify_files(manifest: dict[str, Any], files: dict[str, bytes], where: str) -> None:
+    """Raise `ArtifactError` unless `files` are exactly the manifest's, hashes equal."""
+    if set(files) != set(manifest["files"]):
+        raise ArtifactError(f"{where}: its files differ from its manifest's list")
+    for path, digest in manifest["files"].items():
+        if _digest(files[path]) != digest:
+            raise ArtifactError(f"{where}/{path}: its contents do not match the manifest's hash")
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -226,9 +250,9 @@ def cpu_features() -> set[str]:
     return set()
 
 
-def check_requirements(manifest: dict[str, Any], root: Path) -> None:
-    """Raise `ArtifactError` naming both sides where the artifact does not fit here."""
-    where = root / MANIFEST
+def check_requirements(manifest: dict[str, Any], where: Path | str) -> None:
+    """Raise `ArtifactError` naming both sides where the artifact does not fit here
+    (`where` names the manifest in the message)."""
     here = versions()
     for name in CHECKED_VERSIONS:
         wanted = manifest["versions"].get(name)
@@ -412,14 +436,16 @@ def _export_constants(
     return described
 
 
-def _restore_constants(described: dict[str, Any], path: Path | None) -> dict[str, torch.Tensor]:
+def _restore_constants(
+    described: dict[str, Any], data: bytes | None, where: str
+) -> dict[str, torch.Tensor]:
     if not described:
         return {}
-    if path is None:
-        raise ArtifactError(f"the manifest lists constants but {CONSTANTS} is not among its files")
+    if data is None:
+        raise ArtifactError(f"{where}: the manifest lists constants but {CONSTANTS} is missing")
     from safetensors.torch import load
 
-    flat = load(path.read_bytes())
+    flat = load(data)
     storages: dict[tuple[str, str], torch.Tensor] = {}
     constants = {}
     for name, d in described.items():

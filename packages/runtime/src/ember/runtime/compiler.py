@@ -31,6 +31,7 @@ from ember.ir import (
     lower_graph,
     verify,
 )
+from ember.runtime import compile_cache
 from ember.runtime.artifact import Artifact, runner
 from ember.runtime.config import EmberConfigError, config
 from ember.runtime.kernels import (
@@ -126,6 +127,24 @@ def compile_graph(
     record.debug_dir = debug
     eager_gm, gm = gm, _copy_graph_module(gm)  # passes rewrite the copy; eager keeps the original
 
+    key = None
+    if compile_cache.enabled() and debug is None:  # a debug dump shows every stage run
+        with _timed(record, "cache"):
+            try:
+                key = compile_cache.graph_key(eager_gm, static_inputs, _devices(eager_gm))
+                cached = compile_cache.lookup(key, graph_name)
+            except EmberConfigError:
+                raise
+            except Exception as exc:  # the cache is an optimisation: compile instead
+                log.warning("compile cache not used for %s: %r", graph_name, exc)
+                key, cached = None, None
+        if cached is not None:
+            artifact, guarded = cached
+            for name, value in artifact.extra.get("record", {}).items():
+                setattr(record, name, value)
+            record.wrapper_path = artifact.source_path
+            return _finish(guarded, artifact, eager_gm, record, static_inputs)
+
     stage = "passes"
     try:
         with _timed(record, stage):
@@ -153,6 +172,7 @@ def compile_graph(
                 dict(launchers or {}),
                 input_records(program, gm),
                 tuple(static_inputs),
+                source_path=path,
             )
             guarded = runner(artifact, module)
         _dump(debug, "wrapper.py", lambda: wrapper.source)
@@ -175,6 +195,24 @@ def compile_graph(
         record.seconds * 1e3,
         path,
     )
+    artifact.extra["record"] = {
+        name: getattr(record, name)
+        for name in ("kernels", "fused_kernels", "planned_peak_bytes", "steps", "fallback_ops")
+    }
+    if key is not None:
+        guarded = compile_cache.store_after_first_call(guarded, key, artifact)
+    return _finish(guarded, artifact, eager_gm, record, static_inputs)
+
+
+def _finish(
+    guarded: Callable[[list[Any]], Any],
+    artifact: Artifact,
+    eager_gm: torch.fx.GraphModule,
+    record: CompileRecord,
+    static_inputs: Sequence[int],
+) -> CompiledGraph:
+    """The compiled graph around an artifact's guarded call (compiled here or loaded
+    from the cache): eager on a shape mismatch, CUDA graphs, EMBER_CHECK."""
     record.artifact = artifact
     # kernels bake each input's strides and storage offset: a call with others copies
     call = _eager_on_shape_mismatch(guarded, eager_gm, record)
@@ -182,7 +220,7 @@ def compile_graph(
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked
 
-        call = checked(call, eager_gm, graph_name, path)
+        call = checked(call, eager_gm, record.graph, record.wrapper_path)
     return CompiledGraph(call, record)
 
 

@@ -245,6 +245,13 @@ KNOBS: dict[str, Knob[Any]] = {
         "where legal, saying why not in the info log; 'on' likewise, saying why not "
         "as a warning (`mode=\"reduce-overhead\"`); 'off' never.",
     ),
+    "compile_cache": Knob(
+        "EMBER_COMPILE_CACHE",
+        _parse_bool,
+        lambda: True,
+        "Keep each compiled graph's artifact in the cache directory and load it in "
+        "later processes instead of compiling again (1, default), or not (0).",
+    ),
     "logs": Knob(
         "EMBER_LOGS",
         lambda text: _choice(text, ("", "warning", "info", "debug")),

@@ -3,8 +3,9 @@
 `compile_triton_kernels(kernels, cache_dir=...)` renders each `FusedKernel` (through
 ember.codegen.triton), keeps its source as a checked entry of the cache under
 `cache_dir` (ember.runtime.loader: the compile workers load the same file), executes
-it as a module, and returns one launcher per kernel name. Kernels with identical source share one module
-and so one set of binaries (the same layer repeated twelve times compiles once).
+it as a module, and returns one launcher per kernel name. Kernels with identical
+source share one module and so one set of binaries (the same layer repeated twelve
+times compiles once).
 
 Ember compiles each candidate config itself: it knows every argument's type (its
 buffers' dtypes, sizes as 32-bit ints, 64-bit ones where a call needs them, block
@@ -520,6 +521,10 @@ class TritonLauncher:
         """The launcher as data: its kernel's description, its binaries (files) and
         the configs chosen so far, from which `restore` builds it again."""
         kernel = self.kernel
+        pending = self.pending
+        if pending is not None:  # every candidate's binary, not the ones done so far
+            pending.finish()
+            self.pending = None
         files: dict[str, bytes] = {}
         variants: list[dict[str, Any]] = []
         for variant, binary in sorted(self.binaries.items(), key=lambda item: repr(item[0])):

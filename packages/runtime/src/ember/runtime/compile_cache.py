@@ -1,0 +1,199 @@
+"""A persistent cache of compiled graphs: a second process skips lowering, scheduling,
+code generation, the C++ and Triton compiles, and loads the graph's artifact
+(ember.runtime.artifact) as it was saved.
+
+The key (`graph_key`) is a SHA-256 over everything the artifact depends on:
+
+- the graph as ember receives it (its Python code: ops, arguments, node order) and
+  each placeholder's metadata (dtype, sizes and strides with their symbols and hints,
+  storage offset, device, requires_grad; a SymInt's expression and hint); the values
+  of constant tensors the graph holds;
+- which inputs are parameters and buffers (static inputs);
+- the settings that change what is compiled (`KEYED_SETTINGS`);
+- torch, Triton, ember and Python versions; each CUDA device's capability; for
+  graphs with CPU tensors the C++ compiler's version and the target `-march=native`
+  resolves to on this CPU (the same resolution as the C++ kernel cache: a library
+  built for AVX-512 is never handed to a CPU without it).
+
+An entry is stored once the graph's first call has run, so it holds the binaries of
+every candidate config and the configs chosen for the sizes seen. Entries live in an
+`EntryStore` (ember.runtime.store): checked against their hashes before use, so an
+altered or truncated entry is rebuilt, never loaded. A hit is checked again against
+this process like any artifact (`check_requirements`). `EMBER_COMPILE_CACHE=off`
+turns the whole-graph cache off (kernel-level caches stay).
+
+Graphs whose artifact cannot be saved (an opaque object in the graph, reference
+kernels) are not cached; that is logged at debug level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ember.runtime.artifact import (
+    MANIFEST,
+    Artifact,
+    ArtifactError,
+    check_requirements,
+    load_files,
+    verify_files,
+    versions,
+)
+from ember.runtime.config import config
+from ember.runtime.store import EntryStore
+
+log = logging.getLogger("ember.runtime")
+
+# Settings that change the compiled artifact (others, e.g. strictness or CUDA graphs,
+# act around it).
+KEYED_SETTINGS = ("fallback", "index_checks", "kernels", "layout", "recompute")
+_SEPARATOR = "~"  # stands for "/" in entry file names (the store keeps flat names)
+stats = {"hits": 0, "misses": 0, "stored": 0}
+
+
+def enabled() -> bool:
+    return bool(config.get("compile_cache"))
+
+
+def graph_key(
+    gm: torch.fx.GraphModule, static_inputs: Sequence[int], devices: set[torch.device]
+) -> str:
+    """The cache key of compiling `gm` here with the current settings."""
+    digest = hashlib.sha256()
+
+    def add(*parts: object) -> None:
+        for part in parts:
+            digest.update(str(part).encode())
+            digest.update(b"\0")
+
+    add("graph", gm.code)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            add("input", node.name, _describe(node.meta.get("val")))
+        elif node.op == "get_attr":
+            add("attr", node.target, _describe(_attribute(gm, str(node.target)), values=True))
+    add("static", list(static_inputs))
+    add("settings", [(name, config.get(name)) for name in KEYED_SETTINGS])
+    add("versions", sorted(versions().items()))
+    for device in sorted(devices, key=str):
+        if device.type == "cuda":
+            add("cuda", device, torch.cuda.get_device_capability(device))
+        elif device.type == "cpu" and config.kernels == "auto":
+            add("cpu", _cpu_target())
+    return digest.hexdigest()[:40]
+
+
+def _cpu_target() -> str:
+    try:
+        from ember.runtime.cpp_kernels import compiler_identity, find_compiler, native_target
+    except ImportError:
+        return "no C++ kernels"
+    try:
+        compiler = find_compiler()
+    except Exception as exc:  # no compiler: the graph compiles without C++ kernels
+        return f"no compiler ({exc})"
+    return f"{compiler_identity(compiler)}\0{native_target(compiler)}"
+
+
+def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _describe(value: Any, values: bool = False) -> str:
+    """What of an input (or a constant, with its `values`) the compile depends on."""
+    if isinstance(value, torch.Tensor):
+        text = (
+            f"tensor {value.dtype} {_symbols(value.shape)} {_symbols(value.stride())} "
+            f"{_symbols([value.storage_offset()])} {value.device} {value.requires_grad}"
+        )
+        if values and not isinstance(value, torch._subclasses.FakeTensor):
+            data = value.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy()
+            text += " " + hashlib.sha256(data.tobytes()).hexdigest()
+        return text
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return f"{type(value).__name__} {_symbols([value])}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _symbols(values: Sequence[Any]) -> str:
+    """Sizes as text: a symbol's expression with its hint (the value it was traced
+    with, which picks tilings), a plain int as itself."""
+    parts = []
+    for v in values:
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            parts.append(f"{v.node.expr}={getattr(v.node, 'hint', None)}")
+        else:
+            parts.append(str(v))
+    return "(" + ",".join(parts) + ")"
+
+
+def _store() -> EntryStore:
+    return EntryStore(config.cache_dir / "graphs")
+
+
+def lookup(key: str, graph: str) -> tuple[Artifact, Callable[[list[Any]], Any]] | None:
+    """The cached artifact under `key` and its call, or None (a miss, or an entry
+    that does not fit this process: logged, and compiled anew)."""
+    start = time.perf_counter()
+    entry = _store().get(key)
+    if entry is None:
+        stats["misses"] += 1
+        return None
+    files = {name.replace(_SEPARATOR, "/"): data for name, data in entry.files.items()}
+    where = str(entry.directory)
+    try:
+        manifest = json.loads(files.pop(MANIFEST))
+        verify_files(manifest, files, where)
+        check_requirements(manifest, where)
+        artifact, call = load_files(manifest, files, where)
+    except (ArtifactError, KeyError, ValueError, OSError) as exc:
+        log.warning("compile cache entry %s not used (%s); compiling %s anew", where, exc, graph)
+        stats["misses"] += 1
+        return None
+    artifact.graph = graph
+    artifact.extra = {k: manifest[k] for k in ("record",) if k in manifest}
+    stats["hits"] += 1
+    log.info("compiled %s from the cache in %.1f ms", graph, (time.perf_counter() - start) * 1e3)
+    return artifact, call
+
+
+def store_after_first_call(
+    call: Callable[[list[Any]], Any], key: str, artifact: Artifact
+) -> Callable[[list[Any]], Any]:
+    """`call`, which stores `artifact` under `key` once its first call has returned
+    (its kernels are compiled and their configs chosen by then)."""
+    pending = [True]
+
+    def run(args: list[Any]) -> Any:
+        result = call(args)
+        if pending:
+            pending.clear()
+            store(key, artifact)
+        return result
+
+    return run
+
+
+def store(key: str, artifact: Artifact) -> None:
+    try:
+        files = artifact.files()
+    except ArtifactError as exc:
+        log.debug("graph %s is not cached: %s", artifact.graph, exc)
+        return
+    try:
+        _store().put(key, {path.replace("/", _SEPARATOR): data for path, data in files.items()})
+    except OSError as exc:
+        log.warning("graph %s could not be cached: %s", artifact.graph, exc)
+        return
+    stats["stored"] += 1

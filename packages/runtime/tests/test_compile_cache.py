@@ -1,0 +1,110 @@
+"""The persistent compile cache: a second process loads a compiled graph's artifact
+instead of compiling it (no lowering, no C++ compiler needed), with the same values;
+the key changes with what the compile depends on; an altered entry is rebuilt, never
+loaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ember.runtime import compile_cache
+from ember.runtime.config import config
+from ember.runtime.testing import no_eager_fallback
+
+_PROCESS = """
+import json, sys, torch
+from ember.runtime import compile_cache
+from ember.runtime.compiler import compile_records
+torch.manual_seed(0)
+def model(x, w):
+    return torch.nn.functional.gelu(x @ w).softmax(-1) + x.sum(1, keepdim=True)
+compiled = torch.compile(model, backend="ember", dynamic={dynamic})
+out = []
+for rows in {rows}:
+    x, w = torch.randn(rows, 16), torch.randn(16, 16)
+    torch.testing.assert_close(compiled(x, w), model(x, w), rtol=1e-4, atol=1e-4)
+(record,) = [r for r in compile_records]
+print(json.dumps({{"stats": compile_cache.stats, "stages": sorted(record.stage_seconds),
+                  "eager": record.ran_eagerly, "kernels": record.fused_kernels}}))
+"""
+
+
+def _process(cache: Path, *, dynamic: bool, rows: tuple[int, ...]) -> dict:
+    """Compile and run the model in a fresh process sharing the cache `cache`. (The
+    key holds the C++ compiler's version and resolved target, so a hit needs the
+    same compiler on PATH; that it did not compile shows in the stages run.)"""
+    env = {**os.environ, "EMBER_CACHE_DIR": str(cache), "EMBER_STRICT": "1"}
+    script = _PROCESS.format(dynamic=dynamic, rows=rows)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    result: dict = json.loads(lines[-1])
+    return result
+
+
+def test_a_second_process_loads_the_graph_instead_of_compiling(tmp_path: Path) -> None:
+    first = _process(tmp_path, dynamic=False, rows=(8,))
+    assert first["stats"] == {"hits": 0, "misses": 1, "stored": 1}
+    assert "lowering" in first["stages"] and first["kernels"] > 0
+    second = _process(tmp_path, dynamic=False, rows=(8,))
+    assert second["stats"] == {"hits": 1, "misses": 0, "stored": 0}
+    assert second["stages"] == ["cache"] and second["eager"] is None
+    assert second["kernels"] == first["kernels"]
+
+
+def test_a_dynamic_graph_from_the_cache_takes_other_sizes(tmp_path: Path) -> None:
+    _process(tmp_path, dynamic=True, rows=(8,))
+    second = _process(tmp_path, dynamic=True, rows=(8, 5, 33))
+    assert second["stats"]["hits"] == 1 and second["stages"] == ["cache"]
+
+
+def test_an_altered_entry_is_rebuilt_not_loaded(tmp_path: Path) -> None:
+    _process(tmp_path, dynamic=False, rows=(8,))
+    (entry,) = [p for p in (tmp_path / "graphs").iterdir() if not p.name.startswith(".")]
+    wrapper = entry / "wrapper.py"
+    wrapper.write_text(wrapper.read_text().replace("return (", "return (None, "))
+    again = _process(tmp_path, dynamic=False, rows=(8,))
+    assert again["stats"]["hits"] == 0 and again["stats"]["stored"] == 1
+    assert "lowering" in again["stages"]
+
+
+def test_the_key_follows_what_the_compile_depends_on() -> None:
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).relu()
+
+    keys: list[str] = []
+
+    def key_of(fn, *inputs: torch.Tensor, **settings: object) -> str:  # type: ignore[no-untyped-def]
+        torch._dynamo.reset()
+        seen: list[str] = []
+        original = compile_cache.graph_key
+
+        def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+            seen.append(original(*args, **kwargs))
+            return seen[-1]
+
+        compile_cache.graph_key = spy  # type: ignore[assignment]
+        try:
+            with config.scope(compile_cache=True, **settings), no_eager_fallback():
+                torch.compile(fn, backend="ember")(*inputs)
+        finally:
+            compile_cache.graph_key = original  # type: ignore[assignment]
+        (key,) = seen
+        keys.append(key)
+        return key
+
+    x = torch.randn(4, 8)
+    base = key_of(model, x)
+    assert key_of(model, x.clone()) == base  # same graph, same metadata
+    assert key_of(model, x.double()) != base
+    assert key_of(model, torch.randn(4, 9)) != base
+    assert key_of(model, x, recompute="all") != base
+    assert key_of(lambda x: (x * 3).relu(), x) != base
