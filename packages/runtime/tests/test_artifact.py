@@ -130,3 +130,21 @@ def test_a_saved_cuda_artifact_runs_without_triton_compiling(tmp_path: Path, dyn
     assert next(iter(manifest["requires"]["cuda"].values())).startswith("sm_")
     assert any(path.endswith(".cubin") for path in manifest["files"])
     _run_loaded(directory, "cuda", dynamic)
+
+
+def test_records_do_not_keep_a_dropped_graph_loaded() -> None:
+    """The compile records (kept for reports) hold their artifact weakly: once Dynamo
+    drops the compiled graph, its kernels and constants are freed."""
+    import gc
+    import weakref
+
+    record, _ = _compile("cpu", False)
+    artifact = record.artifact
+    assert artifact is not None
+    launchers = [weakref.ref(launcher) for launcher in artifact.launchers.values()]
+    assert launchers
+    del artifact
+    torch._dynamo.reset()
+    gc.collect()
+    assert record.artifact is None
+    assert all(ref() is None for ref in launchers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,8 +81,18 @@ class CompileRecord:
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
     cudagraphs: str = "off"  # whether its calls replay CUDA graphs, or why not
-    # what it compiled to (ember.runtime.artifact: `record.artifact.save(dir)`)
-    artifact: Artifact | None = field(default=None, repr=False, compare=False)
+    # what it compiled to, while the compiled graph lives (ember.runtime.artifact:
+    # `record.artifact.save(dir)`); weak, so the records kept for reports do not keep
+    # every graph's kernels loaded
+    _artifact: weakref.ref[Artifact] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def artifact(self) -> Artifact | None:
+        return self._artifact() if self._artifact is not None else None
+
+    @artifact.setter
+    def artifact(self, value: Artifact | None) -> None:
+        self._artifact = weakref.ref(value) if value is not None else None
 
     @property
     def seconds(self) -> float:
@@ -94,12 +105,18 @@ compile_records: list[CompileRecord] = []
 class CompiledGraph:
     """The compiled callable: boxed (takes the list of inputs, which it empties)."""
 
-    def __init__(self, call: Callable[[list[Any]], Any], record: CompileRecord) -> None:
+    def __init__(
+        self,
+        call: Callable[[list[Any]], Any],
+        record: CompileRecord,
+        artifact: Artifact | None = None,
+    ) -> None:
         # An instance attribute, not a class one: wrappers that AOTAutograd puts around
         # the callable copy __dict__ (functools.wraps), and the flag must survive that.
         self._boxed_call = True
         self._call = call
         self.record = record
+        self.artifact = artifact  # the record's reference to it is weak
 
     def __call__(self, args: list[Any]) -> Any:
         return self._call(args)
@@ -221,7 +238,7 @@ def _finish(
         from ember.runtime.check import checked
 
         call = checked(call, eager_gm, record.graph, record.wrapper_path)
-    return CompiledGraph(call, record)
+    return CompiledGraph(call, record, artifact)
 
 
 def recompute_shared(devices: set[torch.device]) -> bool:

@@ -50,6 +50,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,8 @@ from ember.scheduler import FusedKernel
 
 log = logging.getLogger("ember.runtime")
 
-_modules: dict[str, ModuleType] = {}  # source hash -> loaded module
+# source hash -> loaded module, while a launcher uses it
+_modules: weakref.WeakValueDictionary[str, ModuleType] = weakref.WeakValueDictionary()
 _chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
 # Seconds spent in first launches (choosing a config, loading binaries, binding), for
 # compile-time profiles: tuning happens at the first call, so this part of a cold
@@ -269,9 +271,15 @@ class Precompiler:
 # kernel source digest -> the unfinished Precompiler compiling it
 _owners: dict[str, Precompiler] = {}
 _owners_lock = threading.Lock()
-# kernel source digest -> its binaries by variant (or why a variant failed); shared by
-# every launcher of the source
-_binaries: dict[str, dict[Variant, KernelBinary | BaseException]] = {}
+
+
+class _Binaries(dict[Variant, "KernelBinary | BaseException"]):
+    """A source's binaries by variant (a dict that can be weakly referenced)."""
+
+
+# kernel source digest -> its binaries by variant (or why a variant failed), shared by
+# every launcher of the source while one lives
+_binaries: weakref.WeakValueDictionary[str, _Binaries] = weakref.WeakValueDictionary()
 
 
 def load_kernel_module(source: str, cache_dir: Path) -> ModuleType:
@@ -318,7 +326,10 @@ class TritonLauncher:
         self._loose: dict[tuple[Any, ...], _Bound] = {}  # unaligned variants, by sizes
         self._functions: dict[tuple[Variant, int], cuda_driver.Function] = {}
         self._unaligned_logged = False
-        self.binaries = _binaries.setdefault(self.digest, {})
+        binaries = _binaries.get(self.digest)
+        if binaries is None:
+            binaries = _binaries[self.digest] = _Binaries()
+        self.binaries: _Binaries = binaries
         # the graph's compiles, still running when compile_triton_kernels returned
         self.pending: Precompiler | None = None
         self._binaries_lock = threading.Lock()
