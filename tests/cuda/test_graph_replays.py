@@ -253,3 +253,47 @@ def test_inputs_with_other_strides_than_recorded_give_eager_values() -> None:
         torch.testing.assert_close(got, x * 2 + 1)
         assert view.data_ptr() == x[1].data_ptr()  # a view of the caller's tensor
         torch.testing.assert_close(view, x[1])
+
+
+def _graphed_calls() -> list[cudagraphs.GraphedCall]:
+    import gc
+
+    return [o for o in gc.get_objects() if type(o) is cudagraphs.GraphedCall]
+
+
+def test_a_training_forward_lends_its_saved_tensors_to_its_backward() -> None:
+    """In a training loop, the forward's replays hand the tensors saved for the
+    backward out of the recording's memory (no copy), the backward reads them there
+    (no copy in), and every step after the recordings replays both."""
+    before = {id(g) for g in _graphed_calls()}
+    _train("on", steps=8)
+    calls = [g for g in _graphed_calls() if id(g) not in before]
+    recordings = [r for g in calls for r in g._recordings.values()]
+    assert any(r.lent_storages for r in recordings), "the forward lent nothing"
+    assert any(r.lent_indices for r in recordings), "the backward copied its saved inputs"
+    # steps 1 and 2 run plainly (warm, then recorded and replayed at step 2 under 'on'):
+    # both graphs replay from step 2 on, none fell back to a plain call
+    assert sorted(g.replays for g in calls) == [7, 7], [g.replays for g in calls]
+
+
+def test_two_forwards_before_one_backward_give_the_plain_results() -> None:
+    """Gradient accumulation over two forwards: the first forward's lent tensors are
+    still held when the second runs, so the second runs plainly into memory of its
+    own; the gradients equal those of the same loop without graphs."""
+
+    def accumulate(setting: str) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).cuda()
+        compiled = torch.compile(model, backend="ember", options={"cudagraphs": setting})
+        data = torch.Generator(device="cuda").manual_seed(2)
+        for _ in range(6):
+            a, b = (torch.randn(16, 64, device="cuda", generator=data) for _ in range(2))
+            loss = compiled(a).square().mean() + compiled(b).abs().mean()
+            loss.backward()
+        return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+    graphed, plain = accumulate("on"), accumulate("off")
+    assert len(graphed) == len(plain) == 4
+    for a, b in zip(graphed, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -56,7 +56,21 @@ def _compile_kind(
     whatever the environment or a `config.scope` says by then."""
     with config.frozen(settings):
         static = _static_inputs() if kind != "backward" else ()
-        return compile_graph(gm, example_inputs, name=kind, static_inputs=static)
+        lend = _saved_outputs_start() if kind == "forward" else None
+        return compile_graph(
+            gm, example_inputs, name=kind, static_inputs=static, lend_outputs_from=lend
+        )
+
+
+def _saved_outputs_start() -> int | None:
+    """Where a training forward's outputs saved for the backward begin (after what the
+    caller sees and the RNG state), from AOTAutograd's tracing context; None where
+    torch records no such count."""
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    count = getattr(getattr(context, "fw_metadata", None), "num_forward", None)
+    return int(count) if isinstance(count, int) else None
 
 
 def _static_inputs() -> list[int]:

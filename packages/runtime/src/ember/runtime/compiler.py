@@ -128,12 +128,15 @@ def compile_graph(
     *,
     name: str = "graph",
     static_inputs: Sequence[int] = (),
+    lend_outputs_from: int | None = None,
 ) -> CompiledGraph:
     """Compile an ATen-level graph (nodes carry `meta['val']`) into a boxed callable.
 
     `static_inputs` are the positions of inputs that keep their address from call to
     call (parameters and buffers): a CUDA graph reads them in place
-    (ember.runtime.cudagraphs)."""
+    (ember.runtime.cudagraphs). Outputs from `lend_outputs_from` on (a training
+    forward's saved tensors, which only its backward reads) are handed out of a CUDA
+    graph's memory without a copy."""
     config.validate()
     setup_logging()
     graph_name = f"{name}_{next(_graph_ids)}"
@@ -160,7 +163,7 @@ def compile_graph(
             for name, value in artifact.extra.get("record", {}).items():
                 setattr(record, name, value)
             record.wrapper_path = artifact.source_path
-            return _finish(guarded, artifact, eager_gm, record, static_inputs)
+            return _finish(guarded, artifact, eager_gm, record, static_inputs, lend_outputs_from)
 
     stage = "passes"
     try:
@@ -218,7 +221,7 @@ def compile_graph(
     }
     if key is not None:
         guarded = compile_cache.store_after_first_call(guarded, key, artifact)
-    return _finish(guarded, artifact, eager_gm, record, static_inputs)
+    return _finish(guarded, artifact, eager_gm, record, static_inputs, lend_outputs_from)
 
 
 def _finish(
@@ -227,13 +230,14 @@ def _finish(
     eager_gm: torch.fx.GraphModule,
     record: CompileRecord,
     static_inputs: Sequence[int],
+    lend_outputs_from: int | None = None,
 ) -> CompiledGraph:
     """The compiled graph around an artifact's guarded call (compiled here or loaded
     from the cache): eager on a shape mismatch, CUDA graphs, EMBER_CHECK."""
     record.artifact = artifact
     # kernels bake each input's strides and storage offset: a call with others copies
     call = _eager_on_shape_mismatch(guarded, eager_gm, record)
-    call = _graphed(call, eager_gm, record, static_inputs)
+    call = _graphed(call, eager_gm, record, static_inputs, lend_outputs_from)
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked
 
@@ -370,6 +374,7 @@ def _graphed(
     gm: torch.fx.GraphModule,
     record: CompileRecord,
     static_inputs: Sequence[int],
+    lend_outputs_from: int | None = None,
 ) -> Callable[[list[Any]], Any]:
     """`call`, replayed from CUDA graphs where `EMBER_CUDAGRAPHS` and the graph allow
     (ember.runtime.cudagraphs); `record.cudagraphs` says what happened."""
@@ -401,6 +406,7 @@ def _graphed(
         loud=setting == "on",
         adaptive=setting == "auto",
         on_record=note,
+        lend_from=lend_outputs_from,
     )
 
 

@@ -20,11 +20,17 @@ call. What makes that legal and how ember does it:
   copies each result out into memory of its own (one `_foreach_copy_`), so a tensor
   handed to the user is never overwritten by a later replay, whatever the user keeps
   and however calls interleave; results that are views of an input are rebuilt as
-  views of that input. The price is one copy of the outputs per call (for a
-  training forward, of what it saves for the backward); Inductor's CUDA graph trees
-  avoid it by tracking which results are still alive, at the cost of invalidating
-  tensors the user still holds. The copy is the simpler contract; the benchmarks
-  measure what it costs.
+  views of that input. The price is one copy of the outputs per call.
+- **What a training forward saves for its backward** is not copied: only the
+  backward reads it, so the forward's replay lends it out of the recording's memory
+  (a new storage object over that memory per replay) and the backward's recording
+  reads it in place, checking at each replay that it is still there. Before the
+  next replay rewrites that memory, the forward checks that everything it lent last
+  time has died (autograd frees saved tensors once the backward has run); where
+  something is still held (two forwards before one backward), that call runs plainly
+  into memory of its own. On a MobileNetV3 training step this copy, and the copy of
+  the saved tensors into the backward's recording, were most of the host time
+  (H100, 2026-11-24).
 - **Memory.** One pool per device, shared by every recording of the process (a
   forward and its backward included): a recording's intermediate buffers are free
   again when its replay ends, and the outputs leave the pool at once, so the next
@@ -53,6 +59,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ember.graphpasses.effects import mutated_storages, storage_key
 from ember.runtime.layouts import pointers_equal
@@ -153,7 +160,9 @@ def graph_device(gm: torch.fx.GraphModule) -> int:
 class _Output:
     """How one result of a recording reaches the caller at each replay."""
 
-    kind: str  # "value", "alias" (of input `index`), "copy" (into a fresh tensor), "bytes"
+    # "value", "alias" (of input `index`), "copy" (into a fresh tensor), "bytes" (a
+    # view of a fresh copy of its storage), "lent" (the recording's memory at `index`)
+    kind: str
     value: Any = None  # a "value" result itself; for "bytes", the result's dtype
     index: int = 0  # the input aliased, or the byte buffer shared with other results
     size: tuple[int, ...] = ()
@@ -171,16 +180,28 @@ class _Recording:
         args: list[Any],
         static: frozenset[int],
         device: int,
+        lend_from: int | None = None,
     ) -> None:
         self.static_indices = sorted(i for i in static if isinstance(args[i], torch.Tensor))
         self.static_pointers: list[int | None] = [None] * len(args)
         for i in self.static_indices:
             self.static_pointers[i] = args[i].data_ptr()
+        # inputs lent by another recording (a forward's saved tensors, here in its
+        # backward): read in place while they come from the same memory
+        self.lent_indices = [
+            i
+            for i, value in enumerate(args)
+            if i not in static and isinstance(value, torch.Tensor) and _is_lent(value)
+        ]
+        self.lent_pointers: list[int | None] = [None] * len(args)
+        for i in self.lent_indices:
+            self.lent_pointers[i] = args[i].data_ptr()
+        in_place = static | frozenset(self.lent_indices)
         # copied inputs: (position, the recording's buffer, the part of it copied into)
         self.copied: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         inputs = list(args)
         for i, value in enumerate(args):
-            if isinstance(value, torch.Tensor) and i not in static:
+            if isinstance(value, torch.Tensor) and i not in in_place:
                 buffer = torch.empty_strided(
                     value.size(), value.stride(), dtype=value.dtype, device=value.device
                 )
@@ -198,9 +219,12 @@ class _Recording:
             results = call(list(inputs))
         self.container = type(results) if isinstance(results, list | tuple) else None
         self.results = list(results) if self.container is not None else [results]
+        self.lend_from = len(self.results) if lend_from is None else lend_from
+        self.lent: list[StorageWeakRef] = []  # what the last replay lent, to check it died
         aliased = self._plan(inputs)
         self._fixed_strides(aliased)
         self.copy_targets = [target for _, _, target in self.copied]
+        self.device = torch.device("cuda", device)
 
     def _plan(self, inputs: list[Any]) -> set[int]:
         """Classify each result: a plain value, a view of an input, or pool memory
@@ -222,7 +246,8 @@ class _Recording:
                 pointer = result.untyped_storage().data_ptr()
                 sharing[pointer] = sharing.get(pointer, 0) + 1
         byte_buffers: dict[int, int] = {}  # storage -> its entry in `sources`
-        for result in self.results:
+        self.lent_storages: dict[int, int] = {}  # lent storage address -> bytes
+        for number, result in enumerate(self.results):
             if not isinstance(result, torch.Tensor):
                 self.plan.append(_Output("value", result))
                 continue
@@ -235,6 +260,12 @@ class _Recording:
                 aliased.add(owner)
                 relative = offset - int(inputs[owner].storage_offset())
                 self.plan.append(_Output("alias", None, owner, size, stride, relative))
+            elif number >= self.lend_from:
+                # lent: handed out in place (a new storage object over the recording's
+                # memory each replay, whose death `lent_free` checks before the next)
+                self.plan.append(_Output("lent", result.dtype, pointer, size, stride, offset))
+                self.lent_storages.setdefault(pointer, storage.nbytes())
+                _lent_memory.add(pointer)
             elif sharing[pointer] == 1 and _fills_storage(result):
                 self.plan.append(_Output("copy", None, len(self.sources), size, stride, offset))
                 self.sources.append(result)
@@ -263,6 +294,14 @@ class _Recording:
     def statics_moved(self, args: list[Any]) -> bool:
         return not pointers_equal(args, self.static_pointers, self.static_indices)
 
+    def can_replay(self, args: list[Any]) -> bool:
+        """Whether a replay may run now: the inputs read in place from another
+        recording's memory are there, and every tensor the last replay lent has died
+        (a replay rewrites that memory)."""
+        if self.lent_indices and not pointers_equal(args, self.lent_pointers, self.lent_indices):
+            return False
+        return all(ref.expired() for ref in self.lent)  # type: ignore[no-untyped-call]  # torch
+
     def replay(self, args: list[Any]) -> Any:
         copied = self.copied
         if len(copied) == 1:  # one op is cheaper than a list op of one
@@ -278,10 +317,18 @@ class _Recording:
             if fresh:
                 torch._foreach_copy_(fresh, sources)
         out = []
+        storages: dict[int, torch.UntypedStorage] = {}
+        if self.lent_storages:
+            for pointer, nbytes in self.lent_storages.items():
+                storages[pointer] = _storage_at(pointer, nbytes, self.device)
+            self.lent = [StorageWeakRef(st) for st in storages.values()]  # type: ignore[no-untyped-call]  # torch
         for entry in self.plan:
             kind = entry.kind
             if kind == "copy":
                 out.append(fresh[entry.index])
+            elif kind == "lent":
+                view = torch.empty(0, dtype=entry.value, device=self.device)
+                out.append(view.set_(storages[entry.index], entry.offset, entry.size, entry.stride))
             elif kind == "value":
                 out.append(entry.value)
             elif kind == "alias":
@@ -297,6 +344,23 @@ class _Recording:
         if self.container is None:
             return out[0]
         return self.container(out)
+
+
+# Storage addresses of every recording's lent results: a later recording reads an
+# input in this memory in place (a backward reading its forward's saved tensors).
+_lent_memory: set[int] = set()
+
+
+def _is_lent(t: torch.Tensor) -> bool:
+    return t.untyped_storage().data_ptr() in _lent_memory
+
+
+def _storage_at(pointer: int, nbytes: int, device: torch.device) -> torch.UntypedStorage:
+    """A new storage object over `nbytes` of a recording's memory at `pointer`. It
+    does not own the memory (the recording's own results keep it allocated); its
+    liveness is what says whether the caller still holds what was lent."""
+    storage = torch._C._construct_storage_from_data_pointer(pointer, device, nbytes)
+    return storage  # type: ignore[return-value]  # an untyped storage at run time
 
 
 def _fills_storage(t: torch.Tensor) -> bool:
@@ -337,8 +401,10 @@ class GraphedCall:
         loud: bool,
         adaptive: bool = False,
         on_record: Callable[[str], None] | None = None,
+        lend_from: int | None = None,
     ) -> None:
         self._call = call
+        self._lend_from = lend_from
         self._name = name
         self._static = frozenset(static_inputs)
         self._device = device
@@ -373,8 +439,8 @@ class GraphedCall:
         key = self._key(args)
         recording = self._recordings.get(key)
         if recording is not None and not recording.statics_moved(args):
-            if not recording.fits(args):
-                return self._call(args)  # strides it cannot take: a plain call
+            if not recording.fits(args) or not recording.can_replay(args):
+                return self._call(args)  # strides it cannot take, lent memory in use
             self.replays += 1
             return recording.replay(args)
         state = self._seen.get(key)
@@ -390,7 +456,7 @@ class GraphedCall:
             self._stop(f"{MAX_RECORDINGS} recordings made (sizes or parameter addresses vary)")
             return self._call(args)
         try:
-            recording = _Recording(self._call, args, self._static, self._device)
+            recording = _Recording(self._call, args, self._static, self._device, self._lend_from)
         except Exception as exc:  # a call that cannot be recorded runs as before
             log.debug("recording graph %s failed", self._name, exc_info=True)
             self._stop(f"recording failed: {type(exc).__name__}: {exc}")
