@@ -67,12 +67,14 @@ def test_compile_workers_default_to_the_cores_left_per_local_rank(
     assert EmberConfig().compile_workers == workers
 
 
-# A value each setting refuses (EMBER_DEBUG_DIR takes any path, so it has none).
+# A value each setting refuses (EMBER_DEBUG_DIR and EMBER_CACHE_DIR take any path, so
+# they have none; an empty EMBER_CACHE_DIR is the default).
 BAD_VALUES = {
     "EMBER_FALLBACK": "maybe",
     "EMBER_STRICT": "maybe",
     "EMBER_CHECK": "sometimes",
-    "EMBER_CACHE_DIR": "",
+    "EMBER_CACHE": "sometimes",
+    "EMBER_CACHE_SIZE_MB": "2G",
     "EMBER_KERNELS": "bogus",
     "EMBER_COMPILE_WORKERS": "-1",
     "EMBER_LAYOUT": "nhwc",
@@ -115,7 +117,7 @@ def test_scope_parses_its_values_and_refuses_bad_ones(tmp_path: Path) -> None:
         cfg.scope(kernels="bogus"),
     ):
         pass
-    for bad in [{"strict": "maybe"}, {"compile_workers": 1.5}, {"check": 2}, {"cache_dir": None}]:
+    for bad in [{"strict": "maybe"}, {"compile_workers": 1.5}, {"check": 2}, {"cache_size_mb": -1}]:
         pattern = rf"config.scope\({next(iter(bad))}="
         with pytest.raises(EmberConfigError, match=pattern), cfg.scope(**bad):
             pass

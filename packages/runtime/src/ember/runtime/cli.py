@@ -1,4 +1,4 @@
-"""The `ember` command line: `ember demo`, `ember bench`, `ember config`.
+"""The `ember` command line: `ember demo`, `ember bench`, `ember config`, `ember cache`.
 
 Also runs as `python -m ember.runtime.cli` (for machines without the console script).
 """
@@ -32,6 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config",
         help="print ember's settings and the EMBER_* variables (exit status 1 if one is invalid)",
     )
+    cache = commands.add_parser(
+        "cache", help="the compile cache: `info` (directory, entries, size, cap) or `clear`"
+    )
+    from ember.runtime.cache import add_arguments as add_cache_arguments
+    from ember.runtime.cache import run_cli as run_cache_cli
+
+    add_cache_arguments(cache)
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -44,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # bad values are listed, marked, not raised: this is where one looks for them
         print(config.describe())
         return 1 if config.errors() else 0
+    if args.command == "cache":
+        return run_cache_cli(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -139,7 +139,10 @@ def _symbols(values: Sequence[Any]) -> str:
 
 
 def _store() -> EntryStore:
-    return EntryStore(config.cache_dir / "graphs")
+    """The store of compiled graphs, under the cache's size cap (ember.runtime.cache)."""
+    from ember.runtime.cache import entry_store
+
+    return entry_store(config.cache_dir / "graphs")
 
 
 def lookup(key: str, graph: str) -> tuple[Artifact, Callable[[list[Any]], Any]] | None:

@@ -219,7 +219,9 @@ def compile_graph(
         name: getattr(record, name)
         for name in ("kernels", "fused_kernels", "planned_peak_bytes", "steps", "fallback_ops")
     }
-    if key is not None:
+    # a graph whose generated kernels failed is not kept: the cause may be this
+    # machine's (no compiler), and a later process would run ATen kernels for good
+    if key is not None and record.kernel_fallback is None:
         guarded = compile_cache.store_after_first_call(guarded, key, artifact)
     return _finish(guarded, artifact, eager_gm, record, static_inputs, lend_outputs_from)
 

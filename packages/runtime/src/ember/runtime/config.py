@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
+from ember.runtime.store import private_directory
+
 T = TypeVar("T")
 
 
@@ -85,10 +87,19 @@ def _parse_path(text: str) -> Path | None:
     return Path(text).expanduser() if text.strip() else None
 
 
-def _parse_directory(text: str) -> Path:
+def _parse_cache_dir(text: str) -> Path:
+    # empty is the default, as unset (Path("") would be the current directory)
+    return Path(text).expanduser() if text.strip() else _default_cache_dir()
+
+
+def _parse_switch(text: str) -> str:
+    """'on' or 'off' (empty: 'on', the default)."""
     if not text.strip():
-        raise ValueError("a directory (unset the variable for the default)")
-    return Path(text).expanduser()
+        return "on"
+    try:
+        return "on" if _parse_bool(text) else "off"
+    except ValueError:
+        raise ValueError("'on' or 'off' (or 1/0, true/false, yes/no)") from None
 
 
 def _parse_count(text: str) -> int:
@@ -181,11 +192,26 @@ KNOBS: dict[str, Knob[Any]] = {
     ),
     "cache_dir": Knob(
         "EMBER_CACHE_DIR",
-        _parse_directory,
+        _parse_cache_dir,
         _default_cache_dir,
-        "Where generated code is written (default ~/.cache/ember): used only where it is "
-        "yours and no one else can write to it or above it; else a private directory, "
-        "with a warning.",
+        "Where generated code is written (default, also when empty: ~/.cache/ember): "
+        "used only where it is yours and no one else can write to it or above it; else "
+        "a private directory, with a warning.",
+    ),
+    "cache": Knob(
+        "EMBER_CACHE",
+        _parse_switch,
+        lambda: "on",
+        "'on' (default): generated code is kept in EMBER_CACHE_DIR and reused by later "
+        "processes; 'off': nothing is read from or written to it, code is compiled into "
+        "a private temporary directory removed at exit.",
+    ),
+    "cache_size_mb": Knob(
+        "EMBER_CACHE_SIZE_MB",
+        _parse_count,
+        lambda: 2048,
+        "Size cap of the cache in MiB (default 2048; 0: no cap): after each write the "
+        "least recently used entries are removed until the cache fits.",
     ),
     "kernels": Knob(
         "EMBER_KERNELS",
@@ -336,7 +362,20 @@ class EmberConfig:
 
     @property
     def cache_dir(self) -> Path:
+        """Where generated code goes: EMBER_CACHE_DIR, or with EMBER_CACHE=off a
+        directory of this process's own (removed at exit)."""
+        if self.cache == "off":
+            return private_directory() / "cache"
         return Path(self.get("cache_dir"))
+
+    @property
+    def cache(self) -> str:
+        """'on' or 'off' (`scope(cache=False)` means 'off')."""
+        return str(self.get("cache"))
+
+    @property
+    def cache_size_mb(self) -> int:
+        return int(self.get("cache_size_mb"))
 
     @property
     def kernels(self) -> str:
@@ -426,12 +465,13 @@ class EmberConfig:
         its error below it, rather than raised, since this is where users look to see
         what is wrong."""
         errors = self.errors()
+        width = max(len(k.env) for k in KNOBS.values())
         lines = []
         for name, k in KNOBS.items():
             shown = f"INVALID {errors[name].value!r}" if name in errors else str(self.get(name))
-            lines.append(f"{k.env:<18} {shown:<24} {k.doc}")
+            lines.append(f"{k.env:<{width}} {shown:<24} {k.doc}")
             if name in errors:
-                lines.append(f"{'':<18} ^ {errors[name]}")
+                lines.append(f"{'':<{width}} ^ {errors[name]}")
         lines += [_unknown_message(n, guess) for n, guess in unknown_variables().items()]
         return "\n".join(lines)
 

@@ -26,6 +26,16 @@ then opens it again by path; no one else can swap it in between, because the cac
 directory is this user's own and no one else can write to it or to any directory
 above it (`store.secure_directory`).
 
+A unit the compiler rejects (with every choice of flags below) is remembered under its
+key in `<cache_dir>/cpp-failed/k<key>/` (the compiler's error and the source's
+SHA-256), so a later process neither runs the compiler on it again nor waits for it:
+it raises the same `CppCompileError`, with the original error and a note that it was
+remembered, and the graph's ops run as ATen kernels as after a fresh failure.
+`ember cache clear --failed` forgets these records (after fixing a toolchain, say: the
+key holds the compiler's version, not its headers). A failure that looks like the
+machine's rather than the unit's (a full disk, no memory, a killed compiler, a
+compiler that could not be started) is not remembered.
+
 The compiler is `$CXX`, else the first of c++, g++, clang++ on PATH. Flags:
 `-O3 -fopenmp -shared -fPIC -std=c++17 -ffp-contract=fast -fno-math-errno` and
 `-march=native -mprefer-vector-width=512`, retried with `-march=native` alone, then
@@ -38,6 +48,7 @@ machines, which halves the throughput of the prelude's vectorised exp and erf.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -47,7 +58,6 @@ import platform
 import shlex
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +68,7 @@ import torch
 
 from ember.codegen.cpp import CppSource, KernelInfo, render_kernels
 from ember.ir import IndexOutOfBounds, index_error_message
+from ember.runtime.cache import FAILED_CPP_STORE, entry_store
 from ember.runtime.store import Entry, EntryStore
 from ember.scheduler import FusedKernel
 
@@ -69,10 +80,31 @@ NATIVE_FLAGS = ("-march=native", WIDE_VECTORS)
 FLAG_CHOICES = ((*BASE_FLAGS, *NATIVE_FLAGS), (*BASE_FLAGS, "-march=native"), BASE_FLAGS)
 COMPILERS = ("c++", "g++", "clang++")
 BUILD_RECORD = "build.json"  # in a library's cache entry: the flags it was built with
+FAILURE_RECORD = "failure.json"  # in a failed compile's entry: why it failed
+# compiler errors that say the machine failed, not the unit: never remembered
+MACHINE_ERRORS = (
+    "No space left on device",
+    "Disk quota exceeded",
+    "Read-only file system",
+    "Permission denied",
+    "Input/output error",
+    "Cannot allocate memory",
+    "out of memory",
+    "virtual memory exhausted",
+    "Too many open files",
+    "Resource temporarily unavailable",
+    "Killed",
+    "terminated signal",
+    "cannot open output file",
+)
 
 
 class CppCompileError(RuntimeError):
     """No C++ compiler, or the compiler rejected a generated translation unit."""
+
+
+class CppCompileRejected(CppCompileError):
+    """The compiler ran and rejected the unit: remembered under the unit's key."""
 
 
 @functools.cache
@@ -177,7 +209,7 @@ def compile_cpp_source(source: CppSource, *, cache_dir: Path) -> CompiledUnit:
     """Compile (or find in the cache, checked) and load one translation unit."""
     compiler = find_compiler()
     key = f"k{unit_key(source.source, compiler)}"
-    store = EntryStore(Path(cache_dir) / "cpp")
+    store = entry_store(Path(cache_dir) / "cpp")
     entry = store.get(key)
     if entry is not None and not _holds(entry, key, source.source):
         reason = "it does not hold this translation unit's library, source and flags"
@@ -185,8 +217,14 @@ def compile_cpp_source(source: CppSource, *, cache_dir: Path) -> CompiledUnit:
         entry = None
     seconds = 0.0
     if entry is None:
+        failures = entry_store(Path(cache_dir) / FAILED_CPP_STORE)
+        _raise_remembered_failure(failures, key, source.source)
         start = time.perf_counter()
-        entry = _build(compiler, source.source, store, key)
+        try:
+            entry = _build(compiler, source.source, store, key)
+        except CppCompileRejected as exc:
+            _remember_failure(failures, key, source.source, compiler, str(exc))
+            raise
         seconds = time.perf_counter() - start
         if not _holds(entry, key, source.source):  # another writer's, under this key
             raise CppCompileError(f"the cache entry {entry.directory} holds another unit")
@@ -196,6 +234,42 @@ def compile_cpp_source(source: CppSource, *, cache_dir: Path) -> CompiledUnit:
     loaded.ember_set_num_threads.argtypes = [ctypes.c_int]
     loaded.ember_set_num_threads.restype = None
     return CompiledUnit(library, loaded, source, seconds, flags)
+
+
+def _raise_remembered_failure(failures: EntryStore, key: str, text: str) -> None:
+    """Raise the `CppCompileError` of an earlier failed compile of `text` under `key`,
+    where one is remembered."""
+    entry = failures.get(key)
+    if entry is None:
+        return
+    try:
+        record = json.loads(entry.files[FAILURE_RECORD])
+        message = record["message"]
+        ours = record["source_sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    except (KeyError, ValueError, TypeError):
+        message, ours = None, False
+    if not ours or not isinstance(message, str):
+        reason = "it does not record a failed compile of this translation unit"
+        failures.discard(key, reason, entry=entry)
+        return
+    raise CppCompileError(
+        f"{message}\n(remembered from an earlier compile of this unit, {entry.directory}: "
+        "the compiler is not run on it again; `ember cache clear --failed` forgets it)"
+    )
+
+
+def _remember_failure(
+    failures: EntryStore, key: str, text: str, compiler: str, message: str
+) -> None:
+    record = {
+        "message": message[-16000:],
+        "source_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "compiler": compiler,
+        "compiler_version": compiler_identity(compiler).split("\n", 1)[0],
+        "time": time.time(),
+    }
+    with contextlib.suppress(OSError):  # not remembered: the next process compiles it again
+        failures.put(key, {FAILURE_RECORD: json.dumps(record, indent=1).encode()})
 
 
 def _holds(entry: Entry, key: str, text: str) -> bool:
@@ -280,11 +354,12 @@ def cpuinfo_features() -> str:
 
 
 def _build(compiler: str, text: str, store: EntryStore, key: str) -> Entry:
-    with tempfile.TemporaryDirectory(dir=store.directory, prefix="build-") as scratch:
-        cpp = Path(scratch) / "kernels.cpp"
+    with store.scratch(".build-") as scratch:
+        cpp = scratch / "kernels.cpp"
         cpp.write_text(text)
-        output = Path(scratch) / "kernels.so"
+        output = scratch / "kernels.so"
         errors = []
+        rejected = True  # by the compiler, for reasons of the unit's own
         for flags in FLAG_CHOICES:
             command = [compiler, *flags, str(cpp), "-o", str(output)]
             result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -295,8 +370,11 @@ def _build(compiler: str, text: str, store: EntryStore, key: str) -> Entry:
                     BUILD_RECORD: json.dumps({"flags": list(flags)}).encode(),
                 }
                 return store.put(key, files)  # one step: readers see all of it or nothing
+            machine = result.returncode < 0 or any(m in result.stderr for m in MACHINE_ERRORS)
+            rejected = rejected and not machine and cpp.exists()
             errors.append(f"$ {' '.join(command)}\n{result.stderr[-4000:]}")
-        raise CppCompileError("the C++ compiler failed on generated kernels:\n" + "\n".join(errors))
+        message = "the C++ compiler failed on generated kernels:\n" + "\n".join(errors)
+        raise (CppCompileRejected if rejected else CppCompileError)(message)
 
 
 def compile_cpp_kernels(

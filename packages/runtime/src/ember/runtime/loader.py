@@ -4,7 +4,8 @@
 `ember.runtime.store.EntryStore` in `directory`, keyed by the source's hash
 (`<directory>/<prefix><hash>/<prefix><hash><suffix>`, beside the entry's
 checksums), and returns the file's path. An entry already there is reused only when it
-passes its check and holds this very source; else it is written anew.
+passes its check and holds this very source; else it is written anew. In the cache
+directory, the write keeps the cache under its size cap (`ember.runtime.cache`).
 
 `load_module(path, injected)` reads the file back, checked with its entry
 (`store.read_file`), and executes exactly the text it checked: compiled with
@@ -27,7 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ember.runtime.store import EntryStore, read_file
+from ember.runtime.cache import entry_store
+from ember.runtime.store import read_file
 
 
 def write_source(directory: Path, source: str, suffix: str = ".py", prefix: str = "w") -> Path:
@@ -35,7 +37,7 @@ def write_source(directory: Path, source: str, suffix: str = ".py", prefix: str 
     data = source.encode()
     key = f"{prefix}{hashlib.sha256(data).hexdigest()[:24]}"
     name = f"{key}{suffix}"
-    store = EntryStore(directory)
+    store = entry_store(directory)
     entry = store.get(key)
     if entry is not None and entry.files.get(name) != data:
         reason = f"it does not hold the source {name} it is named after"
