@@ -3,8 +3,9 @@
 `compile_triton_kernels(kernels, cache_dir=...)` renders each `FusedKernel` (through
 ember.codegen.triton), keeps its source as a checked entry of the cache under
 `cache_dir` (ember.runtime.loader: the compile workers load the same file), executes
-it as a module, and returns one launcher per kernel name. Kernels with identical source share one module
-and so one set of binaries (the same layer repeated twelve times compiles once).
+it as a module, and returns one launcher per kernel name. Kernels with identical source
+share one module and so one set of binaries (the same layer repeated twelve times
+compiles once).
 
 Ember compiles each candidate config itself: it knows every argument's type (its
 buffers' dtypes, sizes as 32-bit ints, 64-bit ones where a call needs them, block
