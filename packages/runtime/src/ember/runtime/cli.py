@@ -32,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "config",
         help="print ember's settings and the EMBER_* variables (exit status 1 if one is invalid)",
     )
+    package = commands.add_parser(
+        "package", help="print an ahead-of-time package's manifest (ember.runtime.aot)"
+    )
+    package.add_argument("path", help="the package directory")
+    package.add_argument("--json", action="store_true", help="print the manifest as JSON")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -44,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # bad values are listed, marked, not raised: this is where one looks for them
         print(config.describe())
         return 1 if config.errors() else 0
+    if args.command == "package":
+        from ember.runtime.aot import print_package
+
+        return print_package(args.path, as_json=args.json)
     parser.error(f"unknown command {args.command}")
     return 2
 
