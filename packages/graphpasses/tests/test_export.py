@@ -241,3 +241,26 @@ def test_runtime_assertions_removed_only_when_asked() -> None:
     gm, _ = PassManager([remove_runtime_assertions(include_metadata_guards=True)]).run(gm)
     assert count(gm, GUARD) == 0
     torch.testing.assert_close(gm(torch.ones(3))[0], Checked()(torch.ones(3)))
+
+
+class CheckedTwice(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.sum().item()
+        torch._check(n < 1e6)
+        torch._check(n > -1e6)
+        return x * 2 + n
+
+
+def test_runtime_assertions_removed_only_where_selected() -> None:
+    ep = torch.export.export(CheckedTwice(), (torch.ones(3),))
+    gm = ep.run_decompositions(ember_decompositions()).graph_module
+    asserts = [n for n in gm.graph.nodes if n.target is aten._assert_scalar.default]
+    assert len(asserts) >= 2
+    kept = asserts[-1].name
+    gm, report = PassManager(
+        [remove_runtime_assertions(only=lambda node: node.name != kept)], check=True
+    ).run(gm)
+    left = [n.name for n in gm.graph.nodes if n.target is aten._assert_scalar.default]
+    assert left == [kept]
+    assert report.records[0].stats["removed"] == len(asserts) - 1
+    torch.testing.assert_close(gm(torch.ones(3))[0], CheckedTwice()(torch.ones(3)))

@@ -151,7 +151,7 @@ def load_artifact(directory: Path | str) -> tuple[Artifact, Callable[[list[Any]]
     root = Path(directory)
     manifest = read_manifest(root)
     check_requirements(manifest, root / MANIFEST)
-    return load_files(manifest, _verified_files(root, manifest), str(root))
+    return load_files(manifest, verified_files(root, manifest), str(root))
 
 
 def load_files(
@@ -291,7 +291,7 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _verified_files(root: Path, manifest: dict[str, Any]) -> dict[str, bytes]:
+def verified_files(root: Path, manifest: dict[str, Any]) -> dict[str, bytes]:
     """Every file the manifest lists, read once and checked against its hash."""
     files: dict[str, bytes] = {}
     for path, digest in manifest["files"].items():

@@ -39,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ember.runtime.cache import run_cli as run_cache_cli
 
     add_cache_arguments(cache)
+    package = commands.add_parser(
+        "package", help="print an ahead-of-time package's manifest (ember.runtime.aot)"
+    )
+    package.add_argument("path", help="the package directory")
+    package.add_argument("--json", action="store_true", help="print the manifest as JSON")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -53,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1 if config.errors() else 0
     if args.command == "cache":
         return run_cache_cli(args)
+    if args.command == "package":
+        from ember.runtime.aot import print_package
+
+        return print_package(args.path, as_json=args.json)
     parser.error(f"unknown command {args.command}")
     return 2
 

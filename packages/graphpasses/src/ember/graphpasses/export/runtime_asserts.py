@@ -6,9 +6,15 @@ and ember's own guards are `_assert_tensor_metadata`. They cost a host sync or a
 launch each; a deployment that has validated its inputs may drop them. DCE keeps them
 (they have effects), so this pass is the only way out. The conditions they tested
 become dead and go with them.
+
+`only` narrows the pass to the assertions it accepts: an ahead-of-time package
+(ember.runtime.aot) checks the conditions over its input sizes itself, before the
+call, and keeps the data-dependent ones in the graph.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.fx
@@ -38,8 +44,13 @@ RUNTIME_ASSERTIONS: frozenset[object] = frozenset(
 )
 
 
-def remove_runtime_assertions(*, include_metadata_guards: bool = False) -> GraphPass:
-    """A pass erasing runtime assertions (and `_assert_tensor_metadata` guards if asked)."""
+def remove_runtime_assertions(
+    *,
+    include_metadata_guards: bool = False,
+    only: Callable[[torch.fx.Node], bool] | None = None,
+) -> GraphPass:
+    """A pass erasing runtime assertions (and `_assert_tensor_metadata` guards if
+    asked); with `only`, just the assertion nodes for which it returns True."""
     targets = set(RUNTIME_ASSERTIONS)
     if include_metadata_guards:
         targets.add(aten._assert_tensor_metadata.default)
@@ -51,7 +62,12 @@ def remove_runtime_assertions(*, include_metadata_guards: bool = False) -> Graph
     def remove_assertions(gm: torch.fx.GraphModule) -> PassResult:
         removed = 0
         for node in reversed(list(gm.graph.nodes)):
-            if node.op == "call_function" and node.target in targets and not node.users:
+            if (
+                node.op == "call_function"
+                and node.target in targets
+                and not node.users
+                and (only is None or only(node))
+            ):
                 gm.graph.erase_node(node)
                 removed += 1
         if removed:
