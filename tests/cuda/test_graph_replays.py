@@ -297,3 +297,26 @@ def test_two_forwards_before_one_backward_give_the_plain_results() -> None:
     assert len(graphed) == len(plain) == 4
     for a, b in zip(graphed, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_kept_across_steps_still_give_the_plain_results() -> None:
+    """A backward lends its gradients; `zero_grad(set_to_none=False)` keeps `.grad`
+    (possibly a lent tensor) alive across steps, so those backwards run plainly and
+    add into it: the parameters end where the loop without graphs ends."""
+
+    def run(setting: str) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        compiled = torch.compile(model, backend="ember", options={"cudagraphs": setting})
+        data = torch.Generator(device="cuda").manual_seed(3)
+        for _ in range(6):
+            x = torch.randn(16, 64, device="cuda", generator=data)
+            optimizer.zero_grad(set_to_none=False)
+            compiled(x).square().mean().backward()
+            optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for a, b in zip(run("on"), run("off"), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -56,7 +56,9 @@ def _compile_kind(
     whatever the environment or a `config.scope` says by then."""
     with config.frozen(settings):
         static = _static_inputs() if kind != "backward" else ()
-        lend = _saved_outputs_start() if kind == "forward" else None
+        # a forward lends what it saves for the backward; a backward lends its
+        # gradients (autograd takes them into .grad or adds them, then drops them)
+        lend = {"forward": _saved_outputs_start(), "backward": 0}.get(kind)
         return compile_graph(
             gm, example_inputs, name=kind, static_inputs=static, lend_outputs_from=lend
         )
