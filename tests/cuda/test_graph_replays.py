@@ -300,9 +300,9 @@ def test_two_forwards_before_one_backward_give_the_plain_results() -> None:
 
 
 def test_gradients_kept_across_steps_still_give_the_plain_results() -> None:
-    """A backward lends its gradients; `zero_grad(set_to_none=False)` keeps `.grad`
-    (possibly a lent tensor) alive across steps, so those backwards run plainly and
-    add into it: the parameters end where the loop without graphs ends."""
+    """`zero_grad(set_to_none=False)` keeps `.grad` alive across steps and the
+    backward's replays add into it: the parameters end where the loop without graphs
+    ends."""
 
     def run(setting: str) -> list[torch.Tensor]:
         torch._dynamo.reset()

@@ -30,9 +30,7 @@ call. What makes that legal and how ember does it:
   something is still held (two forwards before one backward), that call runs plainly
   into memory of its own. On a MobileNetV3 training step this copy, and the copy of
   the saved tensors into the backward's recording, were most of the host time
-  (H100, 2026-11-24). A backward lends its gradients the same way: autograd adds
-  them into `.grad` (or takes one as `.grad` where there was none, until
-  `zero_grad()` drops it); while one is still held, the backward runs plainly.
+  (H100, 2026-11-24).
 - **Memory.** One pool per device, shared by every recording of the process (a
   forward and its backward included): a recording's intermediate buffers are free
   again when its replay ends, and the outputs leave the pool at once, so the next
