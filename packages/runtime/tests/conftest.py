@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import torch
 
 import ember.runtime  # noqa: F401  # registers backend="ember"
 from ember.runtime import config
+from ember.runtime.logs import setup_logging
 
 
 @pytest.fixture(autouse=True)
@@ -20,3 +22,15 @@ def isolated(tmp_path: Path) -> Iterator[None]:
     with config.scope(cache_dir=tmp_path / "cache", compile_cache=False):
         yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def warnings_seen(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[pytest.LogCaptureFixture]:
+    """The warnings of the "ember.runtime" logger (ember's own handler stops them at
+    "ember" once a compile has set it up)."""
+    setup_logging()
+    monkeypatch.setattr(logging.getLogger("ember"), "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="ember.runtime"):
+        yield caplog

@@ -15,13 +15,11 @@ from __future__ import annotations
 import errno
 import itertools
 import json
-import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +31,6 @@ from ember.runtime import cache, compiler, config, cpp_kernels, store
 from ember.runtime.cli import main
 from ember.runtime.config import EmberConfig
 from ember.runtime.cpp_kernels import CppKernel
-from ember.runtime.logs import setup_logging
 from ember.runtime.store import CHECKSUMS, EntryStore, SizeLimit, scan
 from ember.runtime.testing import no_eager_fallback
 
@@ -47,18 +44,6 @@ def double(t: torch.Tensor) -> torch.Tensor:
 
 def two_outputs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t.relu() * 3, t - 1  # another wrapper than double's, not only other kernels
-
-
-@pytest.fixture
-def warnings_seen(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[pytest.LogCaptureFixture]:
-    """The warnings of the "ember.runtime" logger (ember's own handler stops them at
-    "ember" once a compile has set it up)."""
-    setup_logging()
-    monkeypatch.setattr(logging.getLogger("ember"), "propagate", True)
-    with caplog.at_level(logging.WARNING, logger="ember.runtime"):
-        yield caplog
 
 
 @pytest.fixture

@@ -15,14 +15,12 @@ import importlib.util
 import inspect
 import itertools
 import json
-import logging
 import os
 import py_compile
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,6 @@ import torch
 from ember.codegen.cpp import CppSource
 from ember.runtime import compiler, config, cpp_kernels, store
 from ember.runtime.loader import load_module, write_source
-from ember.runtime.logs import setup_logging
 from ember.runtime.store import CHECKSUMS, EntryStore, read_file, secure_directory
 from ember.runtime.testing import no_eager_fallback
 
@@ -90,18 +87,6 @@ def compiled_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
         assert len(libraries(cache)) == 1
         caches[which] = cache
     return caches
-
-
-@pytest.fixture
-def warnings_seen(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[pytest.LogCaptureFixture]:
-    """The warnings of the "ember.runtime" logger (ember's own handler stops them at
-    "ember" once a compile has set it up)."""
-    setup_logging()
-    monkeypatch.setattr(logging.getLogger("ember"), "propagate", True)
-    with caplog.at_level(logging.WARNING, logger="ember.runtime"):
-        yield caplog
 
 
 def _compile_and_check(monkeypatch: pytest.MonkeyPatch, fn: Any, x: torch.Tensor) -> Any:
