@@ -24,8 +24,9 @@ from ember.runtime.cpp_kernels import (
 from ember.scheduler import POINTWISE, FusedKernel, KernelMember
 
 OPS = ("exp", "log", "erf", "tanh", "sigmoid")
-# ulps from the float64 result; torch's own float32 kernels are within 1
-MAX_ULPS = {"exp": 1.5, "log": 1.5, "erf": 1.5, "tanh": 2.0, "sigmoid": 2.5}
+# ulps from the float64 result (test_ulps.py measures them against libm over many more
+# inputs); torch's own float32 kernels are within 1
+MAX_ULPS = {"exp": 1.5, "log": 1.5, "erf": 2.0, "tanh": 2.0, "sigmoid": 2.0}
 SPECIAL = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45, 1e-40]
 SPECIAL += [1.17e-38, 88.72, 88.73, 89.0, -87.3, -103.0, -103.9, -104.0, -150.0, 3.92, 4.0]
 SPECIAL += [0.921875, 0.92187494, -0.921875, 0.625, 0.62499994, 9.5, 10.0, 1e30, -1e30]
@@ -91,6 +92,8 @@ def test_vectorised_math_within_ulps(op: str, results: dict[str, torch.Tensor]) 
         f"{op}({x[worst].item()!r}) = {got[worst].item()!r}, want {want[worst].item()!r}"
     )
     assert torch.equal(got.isnan(), want.isnan())
+    zeros = want == 0
+    assert torch.equal(got[zeros].signbit(), want[zeros].signbit())  # tanh(-0) is -0
     torch.testing.assert_close(got, getattr(torch, op)(x), equal_nan=True, rtol=2e-6, atol=1e-6)
 
 
