@@ -6,7 +6,10 @@ memcpy of the same bytes, and cold compile times of Inductor and ember.
 
 `--libm` adds "libm ms": ember's kernels compiled with `EMBER_LIBM_MATH`, the
 prelude's float exp, log, erf, tanh and sigmoid as libm calls (the scalar path the
-vectorisable ones replace), outputs preallocated like "kernel ms".
+vectorisable ones replace), outputs preallocated like "kernel ms". "eager out ms" is
+eager's ATen kernel writing into a preallocated output (its `.out` overload, where the
+case has one): the kernel-to-kernel comparison that "eager ms", mostly page faults of
+the fresh output at these sizes, is not.
 
 "inductor ms" is `torch.compile(fn, backend="inductor")` timed like eager (outputs
 allocated per call); "ind cold s" is its first call with a fresh Inductor cache (it
@@ -85,6 +88,20 @@ def cases(
     }
 
 
+# eager's kernel into a preallocated output: case -> fn(out, *args)
+EAGER_OUT: dict[str, Callable[..., Any]] = {
+    "softmax": lambda out, x: torch.ops.aten._softmax.out(x, -1, False, out=out),
+    "log_softmax": lambda out, x: torch.ops.aten._log_softmax.out(x, -1, False, out=out),
+    "gelu": lambda out, x: torch.ops.aten.gelu.out(x, out=out),
+    "gelu tanh": lambda out, x: torch.ops.aten.gelu.out(x, approximate="tanh", out=out),
+    "silu": lambda out, x: torch.ops.aten.silu.out(x, out=out),
+    "sigmoid": lambda out, x: torch.ops.aten.sigmoid.out(x, out=out),
+    "tanh": lambda out, x: torch.ops.aten.tanh.out(x, out=out),
+    "exp": lambda out, x: torch.ops.aten.exp.out(x, out=out),
+    "residual add": lambda out, x, y: torch.add(x, y, out=out),
+}
+
+
 def timed(fn: Callable[[], Any], repeat: int) -> float:
     fn()
     samples = []
@@ -131,7 +148,8 @@ def main() -> None:
         torch.set_num_threads(options.threads)
     only = {n for n in options.only.split(",") if n}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    header = f"{'kernel':<14} {'MB':>6} {'eager ms':>9} {'inductor ms':>11} {'ember ms':>9}"
+    header = f"{'kernel':<14} {'MB':>6} {'eager ms':>9} {'eager out ms':>12} {'inductor ms':>11}"
+    header += f" {'ember ms':>9}"
     header += f" {'kernel ms':>9} {'libm ms':>8} {'memcpy ms':>9} {'of memcpy':>9} {'vs eager':>8}"
     header += f" {'vs ind':>7} {'kernels':>7}"
     header += f" {'trace+sched s':>13} {'compile s':>9} {'ind cold s':>10}"
@@ -191,6 +209,16 @@ def main() -> None:
         source = torch.ones(moved // 2, dtype=torch.uint8)
         target = torch.zeros_like(source)
         eager_ms = timed(lambda f=eager_fn, a=args: f(*a), options.repeat)
+        eager_out_ms = float("nan")
+        if name in EAGER_OUT:
+            out = torch.empty_like(eager_fn(*args))
+
+            def run_eager_out(
+                f: Callable[..., Any] = EAGER_OUT[name], o: Any = out, a: Any = args
+            ) -> None:
+                f(o, *a)
+
+            eager_out_ms = timed(run_eager_out, options.repeat)
         kernel_ms = timed(run_ember, options.repeat)
         libm_ms = float("nan")
         if options.libm:
@@ -203,7 +231,8 @@ def main() -> None:
             inductor_ms = timed(run_inductor, options.repeat)
             versus = inductor_ms / ember_ms
         print(
-            f"{name:<14} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {inductor_ms:>11.2f} {ember_ms:>9.2f}"
+            f"{name:<14} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {eager_out_ms:>12.2f}"
+            f" {inductor_ms:>11.2f} {ember_ms:>9.2f}"
             f" {kernel_ms:>9.2f} {libm_ms:>8.2f} {memcpy_ms:>9.2f} {memcpy_ms / kernel_ms:>9.0%}"
             f" {eager_ms / ember_ms:>7.2f}x"
             f" {versus:>6.2f}x {len(kernels):>7} {frontend:>13.2f} {compile_seconds:>9.2f}"
