@@ -10,7 +10,7 @@ and compares every result with the double-precision libm result of the same inpu
     python -m ember.runtime.ulps [--stride 1] [--functions exp,erf] [--libm] [--json F]
 
 `--stride 1` is every one of the 2^32 float32 bit patterns (NaNs, infinities, zeros
-and subnormals included; 7 to 14 seconds per function on two cores); a larger stride
+and subnormals included; 7 to 30 seconds per function on two cores); a larger stride
 takes every n-th. `--libm` measures the scalar libm path instead
 (`EMBER_LIBM_MATH`), a check of the measure itself.
 
