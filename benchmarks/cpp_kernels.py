@@ -2,7 +2,14 @@
 memcpy of the same bytes, and cold compile times of Inductor and ember.
 
     uv run python benchmarks/cpp_kernels.py [--repeat 20] [--scale 1.0] [--threads N]
-        [--only softmax,gelu] [--no-inductor]
+        [--only softmax,gelu] [--no-inductor] [--libm]
+
+`--libm` adds "libm ms": ember's kernels compiled with `EMBER_LIBM_MATH`, the
+prelude's float exp, log, erf, tanh and sigmoid as libm calls (the scalar path the
+vectorisable ones replace), outputs preallocated like "kernel ms". "eager out ms" is
+eager's ATen kernel writing into a preallocated output (its `.out` overload, where the
+case has one): the kernel-to-kernel comparison that "eager ms", mostly page faults of
+the fresh output at these sizes, is not.
 
 "inductor ms" is `torch.compile(fn, backend="inductor")` timed like eager (outputs
 allocated per call); "ind cold s" is its first call with a fresh Inductor cache (it
@@ -35,10 +42,10 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ember.codegen.cpp import CPP_CHOICES
+from ember.codegen.cpp import CPP_CHOICES, CppSource, render_kernels
 from ember.graphpasses import ember_decompositions
 from ember.ir import LoweringOptions, evaluate, lower_graph
-from ember.runtime.cpp_kernels import compile_cpp_kernels
+from ember.runtime.cpp_kernels import CppKernel, compile_cpp_kernels, compile_cpp_source
 from ember.scheduler import kernel_bytes, schedule_program
 
 
@@ -61,6 +68,16 @@ def cases(
         "sum(-1)": (lambda x: x.sum(-1), lambda x: x.sum(-1), (x,)),
         "sum(0)": (lambda x: x.sum(0), lambda x: x.sum(0), (x,)),
         "gelu": (lambda x: F.gelu(x), lambda x: F.gelu(x), (x,)),
+        "gelu tanh": (
+            lambda x: F.gelu(x, approximate="tanh"),
+            lambda x: F.gelu(x, approximate="tanh"),
+            (x,),
+        ),
+        "silu": (lambda x: F.silu(x), lambda x: F.silu(x), (x,)),
+        "sigmoid": (lambda x: torch.sigmoid(x), lambda x: torch.sigmoid(x), (x,)),
+        "tanh": (lambda x: torch.tanh(x), lambda x: torch.tanh(x), (x,)),
+        "exp": (lambda x: torch.exp(x), lambda x: torch.exp(x), (x,)),
+        "log_softmax": (lambda x: x.log_softmax(-1), lambda x: x.log_softmax(-1), (x,)),
         "transpose": (lambda x: x.t().contiguous(), lambda x: x.t().contiguous(), (x,)),
         "transpose bf16": (
             lambda x: x.t().contiguous(),
@@ -69,6 +86,20 @@ def cases(
         ),
         "residual add": (lambda x, y: x + y, lambda x, y: x + y, (x, y)),
     }
+
+
+# eager's kernel into a preallocated output: case -> fn(out, *args)
+EAGER_OUT: dict[str, Callable[..., Any]] = {
+    "softmax": lambda out, x: torch.ops.aten._softmax.out(x, -1, False, out=out),
+    "log_softmax": lambda out, x: torch.ops.aten._log_softmax.out(x, -1, False, out=out),
+    "gelu": lambda out, x: torch.ops.aten.gelu.out(x, out=out),
+    "gelu tanh": lambda out, x: torch.ops.aten.gelu.out(x, approximate="tanh", out=out),
+    "silu": lambda out, x: torch.ops.aten.silu.out(x, out=out),
+    "sigmoid": lambda out, x: torch.ops.aten.sigmoid.out(x, out=out),
+    "tanh": lambda out, x: torch.ops.aten.tanh.out(x, out=out),
+    "exp": lambda out, x: torch.ops.aten.exp.out(x, out=out),
+    "residual add": lambda out, x, y: torch.add(x, y, out=out),
+}
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> float:
@@ -95,6 +126,15 @@ def inductor(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Callable[[]
     return (lambda: compiled(*args)), time.perf_counter() - start
 
 
+def libm_kernels(kernels: Any, cache: Path) -> dict[str, Callable[..., None]]:
+    """The kernels compiled with the prelude's float math as libm calls."""
+    source = render_kernels(kernels)
+    unit = compile_cpp_source(
+        CppSource("#define EMBER_LIBM_MATH\n" + source.source, source.kernels), cache_dir=cache
+    )
+    return {info.name: CppKernel(unit, info) for info in source.kernels}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=20)
@@ -102,13 +142,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--only", default="", help="comma-separated kernel names")
     parser.add_argument("--no-inductor", action="store_true", help="skip the Inductor columns")
+    parser.add_argument("--libm", action="store_true", help="add the libm-math kernels' ms")
     options = parser.parse_args()
     if options.threads:
         torch.set_num_threads(options.threads)
     only = {n for n in options.only.split(",") if n}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    header = f"{'kernel':<14} {'MB':>6} {'eager ms':>9} {'inductor ms':>11} {'ember ms':>9}"
-    header += f" {'kernel ms':>9} {'memcpy ms':>9} {'of memcpy':>9} {'vs eager':>8}"
+    header = f"{'kernel':<14} {'MB':>6} {'eager ms':>9} {'eager out ms':>12} {'inductor ms':>11}"
+    header += f" {'ember ms':>9}"
+    header += f" {'kernel ms':>9} {'libm ms':>8} {'memcpy ms':>9} {'of memcpy':>9} {'vs eager':>8}"
     header += f" {'vs ind':>7} {'kernels':>7}"
     header += f" {'trace+sched s':>13} {'compile s':>9} {'ind cold s':>10}"
     print(header)
@@ -126,6 +168,7 @@ def main() -> None:
             start = time.perf_counter()
             compiled = compile_cpp_kernels(kernels, cache_dir=Path(cache))
             compile_seconds = time.perf_counter() - start
+            with_libm = libm_kernels(kernels, Path(cache)) if options.libm else {}
         env: dict[str, Any] = {n.name: a for n, a in zip(program.inputs, args, strict=True)}
         for kernel in kernels:
             for member in kernel.members:
@@ -139,6 +182,12 @@ def main() -> None:
         def run_ember(calls: list[tuple[Any, list[Any]]] = calls) -> None:
             for kernel, tensors in calls:
                 kernel(*tensors)
+
+        libm_calls = [
+            (with_libm[k.name], [env[n] for n in k.buffer_arguments()])
+            for k in kernels
+            if options.libm
+        ]
 
         outputs = [n for n in env if n not in {i.name for i in program.inputs}]
         alloc_calls = [(compiled[k.name], k.buffer_arguments()) for k in kernels]
@@ -160,7 +209,20 @@ def main() -> None:
         source = torch.ones(moved // 2, dtype=torch.uint8)
         target = torch.zeros_like(source)
         eager_ms = timed(lambda f=eager_fn, a=args: f(*a), options.repeat)
+        eager_out_ms = float("nan")
+        if name in EAGER_OUT:
+            out = torch.empty_like(eager_fn(*args))
+
+            def run_eager_out(
+                f: Callable[..., Any] = EAGER_OUT[name], o: Any = out, a: Any = args
+            ) -> None:
+                f(o, *a)
+
+            eager_out_ms = timed(run_eager_out, options.repeat)
         kernel_ms = timed(run_ember, options.repeat)
+        libm_ms = float("nan")
+        if options.libm:
+            libm_ms = timed(lambda c=libm_calls: run_ember(c), options.repeat)
         ember_ms = timed(run_ember_alloc, options.repeat)
         memcpy_ms = timed(lambda s=source, t=target: t.copy_(s), options.repeat)
         inductor_ms, inductor_cold, versus = float("nan"), float("nan"), float("nan")
@@ -169,8 +231,9 @@ def main() -> None:
             inductor_ms = timed(run_inductor, options.repeat)
             versus = inductor_ms / ember_ms
         print(
-            f"{name:<14} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {inductor_ms:>11.2f} {ember_ms:>9.2f}"
-            f" {kernel_ms:>9.2f} {memcpy_ms:>9.2f} {memcpy_ms / kernel_ms:>9.0%}"
+            f"{name:<14} {moved / 1e6:>6.0f} {eager_ms:>9.2f} {eager_out_ms:>12.2f}"
+            f" {inductor_ms:>11.2f} {ember_ms:>9.2f}"
+            f" {kernel_ms:>9.2f} {libm_ms:>8.2f} {memcpy_ms:>9.2f} {memcpy_ms / kernel_ms:>9.0%}"
             f" {eager_ms / ember_ms:>7.2f}x"
             f" {versus:>6.2f}x {len(kernels):>7} {frontend:>13.2f} {compile_seconds:>9.2f}"
             f" {inductor_cold:>10.1f}"

@@ -47,8 +47,9 @@ __all__ = [
 
 
 # Scheduling choices for CPU kernels: recomputing an inlined producer costs a full
-# extra pass per reduction stage here (and transcendental ops are scalar libm calls),
-# so only cheap producers are inlined; longer chains are stored once instead.
+# extra pass per reduction stage here (and a transcendental op, vectorised, still costs
+# tens of vector operations per element), so only cheap producers are inlined; longer
+# chains are stored once instead.
 # A reduction is split (ember.scheduler.split) when it has fewer work items than
 # threads (one per output, or per LANES outputs in a column reduction), into chunks
 # of at least SPLIT_MIN elements: the same rule as the kernels' per-thread partials.

@@ -1,6 +1,8 @@
 """The C++ prelude every translation unit starts with: standard headers only, the
 half-type converters, the counter-based random generator of ember.ir.random, and the
-helpers behind the ops table whose torch semantics need more than one C++ expression.
+helpers behind the ops table whose torch semantics need more than one C++ expression,
+among them float exp, log, erf, tanh and sigmoid written for the vectoriser (their
+comment says how, how accurate, and why; `EMBER_LIBM_MATH` makes them libm calls).
 
 Kept in one string so a TU is self-contained (no include paths, nothing to install)
 and compiles in about a second: no ATen headers, no templates heavier than a few lines.
@@ -104,59 +106,99 @@ inline int64_t mod_i(int64_t a, int64_t b) {
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 
-// exp in float, written so that `omp simd` loops vectorise it (libm's expf is a call
-// the vectoriser cannot see through). x = k ln2 + r: k rounded with the 1.5 * 2^23
-// trick (also gives k's bits), r in two steps (Cody-Waite), a degree-6 polynomial on
-// [-ln2/2, ln2/2] (Cephes' expf coefficients), then 2^k applied in two halves so that
-// results near overflow and in the subnormal range come out right. ~1 ulp. NaN
-// passes through the clamps (comparisons with NaN are false) and the arithmetic.
-// exp without the clamps and with one scaling step: for arguments in [-87, 88] only
-// (erf and tanh below), where 2^k is a normal float.
-// exp(x) = e * 2^n with e in [0.7, 1.5): the polynomial both exps below share.
+// Float math that `omp simd` loops vectorise: libm's expf, logf, erff and tanhf are
+// calls the vectoriser cannot see through, one per element, which keep a whole loop
+// scalar. Each function below is branch-free inline code on one float (range
+// reduction, polynomials, selects) that GCC and Clang vectorise inside the kernels'
+// loops as the emitter writes them, one element per iteration: no vector types, so
+// the same code serves every loop shape and every ISA -march picks. Errors, measured
+// over all 2^32 floats against double-precision libm (`python -m ember.runtime.ulps
+// --stride 1`, GCC 12, AVX-512): exp 1.04 ulps, log 0.83, erf 1.59, tanh 1.33,
+// sigmoid 1.48. NaN in gives NaN out; infinities, overflow to inf, underflow through
+// the subnormals to 0, signed zeros, log(0) = -inf and log(x < 0) = NaN as libm.
+// Polynomials that name no source are fitted by benchmarks/fit_float_math.py.
+//
+// Two rules keep them fast (in-cache loops of 4096 floats, one thread, AVX-512):
+// - No select of a constant that further arithmetic uses (a clamp `x > c ? c : x`,
+//   `x >= 0 ? 1 : e`): GCC's jump threading copies all that follows once per
+//   constant (sigmoid did three divisions). Clamps are integer minima of the bits,
+//   and NaN, which they turn into a number, is put back by a last select of x.
+//   exp 0.21 -> 0.17 ns per element, sigmoid 0.29 -> 0.20 (with the division kept).
+// - Short dependency chains: a 16-coefficient Horner chain is 60 cycles of latency,
+//   more than the out-of-order window covers, so erf evaluates its long polynomial in
+//   Estrin's scheme (pairs, then pairs of pairs with u^2, u^4, u^8): GELU 0.30 ->
+//   0.24 ns per element.
+// Defining EMBER_LIBM_MATH before the prelude makes them libm calls (the scalar
+// reference, for comparisons). float64 always takes libm.
+#ifndef EMBER_LIBM_MATH
+// exp(x) = e * 2^n with e in [0.7, 1.5): x = k ln2 + r, k rounded with the 1.5 * 2^23
+// trick (which also gives k's bits), r in two steps (Cody-Waite: k * 0.693359375 is
+// exact), e = 1 + r + r^2 P(r) with P of degree 4 (relative error 4.5e-9) in Estrin's
+// form (sigmoid and SiLU 4% faster than Horner's).
 inline float exp_reduced(float x, int32_t& n) {
   const float shifted = x * 1.44269504088896341f + 12582912.0f;
   const float k = shifted - 12582912.0f;
   n = int32_t(f32_bits(shifted) - f32_bits(12582912.0f));
   float r = x - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return p * (r * r) + r + 1.0f;
+  const float r2 = r * r;
+  const float p = (4.999999404e-01f + r * 1.666651964e-01f) +
+                  r2 * ((4.166839644e-02f + r * 8.368778042e-03f) + r2 * 1.381441485e-03f);
+  return p * r2 + r + 1.0f;
 }
-
+// e * 2^n applied in two halves, so that results near overflow and in the subnormal
+// range come out right (one rounding, in the second product).
+inline float exp_scaled(float e, int32_t n) {
+  const int32_t half = n >> 1;
+  return e * bits_f32(uint32_t(half + 127) << 23) * bits_f32(uint32_t(n - half + 127) << 23);
+}
+// exp for arguments in [-87, 88] only (tanh below), where 2^n is a normal float.
 inline float exp_normal_range(float x) {
   int32_t n;
   const float e = exp_reduced(x, n);
   return e * bits_f32(uint32_t(n + 127) << 23);
 }
-
+// x clamped to [-104, 88.8] (exp is 0 below, inf above) by one signed minimum of its
+// bits read as int32: they grow with x for x >= +0 and with |x| for negative x, so the
+// bound is 88.8's bits for the former and -104's for the latter.
 inline float exp(float x) {
-  x = x > 88.8f ? 88.8f : x;
-  x = x < -104.0f ? -104.0f : x;
+  const int32_t i = int32_t(f32_bits(x));
+  const int32_t high = int32_t(0x42b1999au), low = int32_t(0xc2d00000u);  // 88.8, -104
+  const float clamped = bits_f32(uint32_t(std::min(i, high + ((i >> 31) & (low - high)))));
   int32_t n;
-  const float e = exp_reduced(x, n);
-  const int32_t half = n >> 1;
-  return e * bits_f32(uint32_t(half + 127) << 23) * bits_f32(uint32_t(n - half + 127) << 23);
+  const float e = exp_reduced(clamped, n);
+  const float result = exp_scaled(e, n);
+  return x != x ? x : result;
 }
+// exp for x <= 0 (sigmoid): only the lower clamp. NaN comes out as 0.
+inline float exp_nonpositive(float x) {
+  const float clamped = bits_f32(uint32_t(std::min(int32_t(f32_bits(x)), int32_t(0xc2d00000u))));
+  int32_t n;
+  const float e = exp_reduced(clamped, n);
+  return exp_scaled(e, n);
+}
+#else
+inline float exp(float x) { return std::exp(x); }
+#endif
 inline double exp(double x) { return std::exp(x); }
 
-// log in float, vectorisable (libm's logf is a call per element: log_softmax's
-// epilogue spent 80% of its time there). x = m 2^e with m in [sqrt(1/2), sqrt(2)),
-// read from the bits by integer arithmetic alone (subnormals scaled by 2^23 first);
-// log(m) = f - f^2/2 + f^3 P(f) with f = m - 1 (Cephes' logf polynomial), plus e ln2
-// in two parts (Cody-Waite). ~1 ulp. 0 gives -inf, negatives NaN, inf and NaN pass
-// through. The polynomial is finite for every input, so the special cases are *added*
-// (0 for positive finite x): a select between it and another value makes GCC sink the
-// polynomial into a branch, and a loop with a branch does not vectorise.
+#ifndef EMBER_LIBM_MATH
+// log: x = m 2^e with m in [sqrt(1/2), sqrt(2)), read from the bits by integer
+// arithmetic alone (subnormals scaled by 2^23 first); log(m) = f - f^2/2 + f^3 P(f)
+// with f = m - 1 (Cephes' logf polynomial), plus e ln2 in two parts (Cody-Waite).
+// 0 gives -inf, negatives NaN, inf and NaN pass through. The polynomial is finite for
+// every input, so the special cases are *added* (0 for positive finite x), and every
+// choice is a mask of bits tested as integers, no select: with log's argument the same
+// for a whole loop (log_softmax's log of the row sum), GCC hoisted the selects'
+// conditions out and then failed to vectorise the loop ("no vectype"), which ran log
+// in scalar code for every element (4096x2048 log_softmax: 21 -> 3.2 ms).
 inline float log(float x) {
-  const bool tiny = x < 1.17549435e-38f;  // below the normal range (or not positive)
+  const uint32_t bits = f32_bits(x);
+  const uint32_t tiny = 0u - uint32_t(bits < 0x00800000u);  // +0 and positive subnormals
+  const float scaled = x * bits_f32(0x3f800000u + (tiny & 0x0b800000u));  // x 2^23 if tiny
   // the offset carries mantissas >= sqrt(2) into the exponent field
-  const uint32_t u = f32_bits(tiny ? x * 8388608.0f : x) + (0x3f800000u - 0x3f3504f3u);
-  const float e = float(int32_t(u >> 23) - (tiny ? 150 : 127));
+  const uint32_t u = f32_bits(scaled) + (0x3f800000u - 0x3f3504f3u);
+  const float e = float(int32_t(u >> 23) - int32_t(127u + (tiny & 23u)));
   const float f = bits_f32((u & 0x007fffffu) + 0x3f3504f3u) - 1.0f;
   const float z = f * f;
   float p = 7.0376836292e-2f;
@@ -171,74 +213,113 @@ inline float log(float x) {
   float y = f * z * p + e * -2.12194440e-4f;
   y = y - 0.5f * z;
   const float r = (f + y) + e * 0.693359375f;
-  const float special = x == 0.0f ? -std::numeric_limits<float>::infinity()
-                        : x < 0.0f ? std::numeric_limits<float>::quiet_NaN() : x;
-  return r + ((x > 0.0f) & (x < std::numeric_limits<float>::infinity()) ? 0.0f : special);
+  // x positive and finite: no special value; else -inf for zeros, NaN below zero, x
+  // itself for +inf and NaN
+  const uint32_t finite = 0u - uint32_t(bits - 1u < 0x7f7fffffu);
+  const uint32_t zero = 0u - uint32_t((bits << 1) == 0u);
+  const uint32_t sign = uint32_t(int32_t(bits) >> 31);
+  const uint32_t special = (zero & 0xff800000u) | (~zero & ((sign & 0x7fc00000u) | (~sign & bits)));
+  return r + bits_f32(special & ~finite);
 }
+#else
+inline float log(float x) { return std::log(x); }
+#endif
 inline double log(double x) { return std::log(x); }
 
-// erf in float, vectorisable, with no exp: erf(x) = x + x P(x^2) for |x| < 0.921875
-// (P a least-squares fit, relative error ~1e-8); above, 1 - erfc(|x|) with erfc a
-// degree-15 polynomial in |x| - 2.4609375 on [0.921875, 4] (a Chebyshev fit, absolute
-// error ~2e-9, below a tenth of an ulp of erf there), 1 from 4 on. Both branches are
-// computed for every element (a loop with a branch does not vectorise): the erfc
-// polynomial replaced a fit of log(erfc) plus an exp, 16 vector operations instead of
-// 27, the larger part of GELU's time. Within 1.5 ulp of float64.
+#ifndef EMBER_LIBM_MATH
+// erf, with no exp: x + x P(x^2) for |x| < 0.96875 (P of degree 5, relative error
+// 4e-8); above, 1 - Q(|x| - 2.484375) with the sign of x, Q a degree-15 polynomial
+// for erfc on [0.96875, 4] (absolute error 1e-9), |x| clamped to 4 (erf rounds to 1
+// from 3.92 on). Q's evaluation dominates GELU: Estrin's scheme cut its latency from
+// 15 dependent steps to 5 (GELU 0.30 -> 0.24 ns per element, in cache; its partial
+// sums round differently from Horner's, a few hundredths of an ulp worse); an
+// exp-based erfc (27 operations) was slower still.
+// Both branches are computed for every element (a loop with a branch does not
+// vectorise); the last select takes the small branch for NaN, which it propagates.
 inline float erf(float x) {
   const float a = std::fabs(x);
   const float s = x * x;
-  float p = -5.9538835e-4f;
-  p = p * s + 4.9859746e-3f;
-  p = p * s + -2.6761750e-2f;
-  p = p * s + 1.1281684e-1f;
-  p = p * s + -3.7612480e-1f;
-  p = p * s + 1.2837915e-1f;
+  float p = -5.775784375e-04f;
+  p = p * s + 4.949421622e-03f;
+  p = p * s + -2.673572116e-02f;
+  p = p * s + 1.128093526e-01f;
+  p = p * s + -3.761240840e-01f;
+  p = p * s + 1.283791512e-01f;
   const float small = x + x * p;  // x exact, the correction rounded: smaller error
-  const float u = (a > 4.0f ? 4.0f : a) - 2.4609375f;  // NaN passes
-  float q = 3.27776689e-07f;
-  q = q * u + -1.07218534e-06f;
-  q = q * u + -2.73390151e-06f;
-  q = q * u + 1.71694010e-05f;
-  q = q * u + -1.61003190e-05f;
-  q = q * u + -7.56238733e-05f;
-  q = q * u + 2.85171380e-04f;
-  q = q * u + -3.54012882e-04f;
-  q = q * u + -4.49975312e-04f;
-  q = q * u + 2.93460442e-03f;
-  q = q * u + -6.78843260e-03f;
-  q = q * u + 9.88219585e-03f;
-  q = q * u + -9.79426783e-03f;
-  q = q * u + 6.50693802e-03f;
-  q = q * u + -2.64407229e-03f;
-  q = q * u + 5.00868715e-04f;
-  const float large = std::copysign(1.0f - q, x);
-  return a < 0.921875f ? small : large;
+  const float u = bits_f32(std::min(f32_bits(a), 0x40800000u)) - 2.484375f;
+  const float u2 = u * u, u4 = u2 * u2, u8 = u4 * u4;
+  const float q0 = 4.423496139e-04f + u * -2.354703844e-03f;
+  const float q2 = 5.849973764e-03f + u * -8.904299699e-03f;
+  const float q4 = 9.110763669e-03f + u * -6.381446961e-03f;
+  const float q6 = 2.855310682e-03f + u * -5.102696596e-04f;
+  const float q8 = -2.953248331e-04f + u * 2.663841879e-04f;
+  const float q10 = -7.945721882e-05f + u * -1.102398892e-05f;
+  const float q12 = 1.638282629e-05f + u * -3.177598046e-06f;
+  const float q14 = -9.697102996e-07f + u * 3.410107468e-07f;
+  const float low = (q0 + u2 * q2) + u4 * (q4 + u2 * q6);
+  const float high = (q8 + u2 * q10) + u4 * (q12 + u2 * q14);
+  const float large = std::copysign(1.0f - (low + u8 * high), x);
+  return a >= 0.96875f ? large : small;
 }
+#else
+inline float erf(float x) { return std::erf(x); }
+#endif
 inline double erf(double x) { return std::erf(x); }
 
-// tanh in float, vectorisable: x + x^3 P(x^2) for |x| < 0.625 (a least-squares fit),
-// else 1 - 2 / (exp(2|x|) + 1) with the sign of x (1 from 9.5 on). ~2 ulp.
+#ifndef EMBER_LIBM_MATH
+// tanh of |x|, then x's sign: |x| + |x|^3 P(x^2) for |x| < 0.625 (P of degree 4,
+// relative error 9e-9), else 1 - 2 / (exp(2|x|) + 1), |x| clamped to 9.5 (tanh rounds
+// to 1 from 9.01 on). The sign comes last so that tanh(-0) is -0 (x + x^3 P is +0
+// there: P < 0). NaN takes the small branch, which propagates it.
 inline float tanh(float x) {
   const float a = std::fabs(x);
   const float s = x * x;
-  float p = -6.3291984e-3f;
-  p = p * s + 2.1182878e-2f;
-  p = p * s + -5.3897019e-2f;
-  p = p * s + 1.3333133e-1f;
-  p = p * s + -3.3333334e-1f;
-  const float small = x + x * s * p;
-  const float t = a > 9.5f ? 9.5f : a;  // NaN passes
-  const float large = std::copysign(1.0f - 2.0f / (exp_normal_range(2.0f * t) + 1.0f), x);
-  return a < 0.625f ? small : large;
+  float p = -5.704968702e-03f;
+  p = p * s + 2.063907310e-02f;
+  p = p * s + -5.373971164e-02f;
+  p = p * s + 1.333144158e-01f;
+  p = p * s + -3.333328068e-01f;
+  const float small = a + a * s * p;
+  const float t = bits_f32(std::min(f32_bits(a), 0x41180000u));
+  const float large = 1.0f - 2.0f / (exp_normal_range(2.0f * t) + 1.0f);
+  return std::copysign(a >= 0.625f ? large : small, x);
 }
+#else
+inline float tanh(float x) { return std::tanh(x); }
+#endif
 inline double tanh(double x) { return std::tanh(x); }
 
-// sigmoid through exp(-|x|), which never overflows: 1 / (1 + e) for x >= 0, else
-// e / (1 + e), so large negative inputs keep their tiny (subnormal) results.
+// sigmoid through e = exp(-|x|), which never overflows: 1 / (1 + e) for x >= 0, else
+// e / (1 + e), so large negative inputs keep their tiny (subnormal) results. float64
+// (and float under EMBER_LIBM_MATH) computes that as written.
 template <class T> inline T sigmoid(T x) {
   const T e = exp(-std::fabs(x));
   return (x >= T(0) ? T(1) : e) / (T(1) + e);
 }
+#if !defined(EMBER_LIBM_MATH) && (defined(__FMA__) || defined(__ARM_FEATURE_FMA))
+// In float that quotient is off by up to 2.4 ulps: 1 + e and the division each round
+// (half an ulp of values near 1, up to an ulp of the result), and exp's error comes on
+// top. So: d = 1 + e with its rounding error c = 1 + e - d (exact, Fast2Sum as e <= 1),
+// the numerator n over d through one reciprocal, then one correction step with the
+// residual n - q (d + c), exact but for a rounding far below q's ulp (FMAs): 1.48
+// ulps, and still faster than the quotient was with float clamps (0.28 -> 0.25 ns per
+// element, benchmarks/cpu_math.py). The numerator's select is on the bits (x's sign
+// as a mask), as a select of the constant 1 would be threaded. Without FMA
+// instructions the residual would not be exact: the quotient above is used (2.3 ulps;
+// the kernels' last flag fallback has no -march).
+inline float sigmoid(float x) {
+  const float e = exp_nonpositive(-std::fabs(x));
+  const float d = 1.0f + e;
+  const float c = (1.0f - d) + e;
+  const float reciprocal = 1.0f / d;
+  const uint32_t positive = ~uint32_t(int32_t(f32_bits(x)) >> 31);  // all ones for x >= +0
+  const float n = bits_f32((f32_bits(e) & ~positive) | (0x3f800000u & positive));
+  const float q = n * reciprocal;
+  const float residual = std::fma(-q, c, std::fma(-q, d, n));
+  const float result = std::fma(residual, reciprocal, q);
+  return x != x ? x : result;
+}
+#endif
 
 // Transposes: a tile of 16 rows is read along the rows of the source (whole lines)
 // and turned in registers, 16x16 elements at a time, in four rounds of two-vector
