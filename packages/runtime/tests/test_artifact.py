@@ -33,7 +33,7 @@ def _compile(device: str, dynamic: bool) -> tuple[CompileRecord, list[torch.Tens
     return record, [x, w]
 
 
-def _run_loaded(directory: Path, device: str, dynamic: bool) -> None:
+def _run_loaded(directory: Path, device: str, dynamic: bool) -> list[str]:
     """Load `directory` in a fresh process without compilers and check its values."""
     script = f"""
 import sys, torch
@@ -58,9 +58,10 @@ for rows in ({(8, 5) if dynamic else (8,)}):
         size_of(r.binds[0][0]) if r.kind == "size" else by_record[r.index]
         for r in artifact.inputs
     ]
-    (out,) = call(args)
-    torch.testing.assert_close(out, model(x, w), rtol=1e-4, atol=1e-4)
-print("loaded ok")
+    for _ in range(3):
+        (out,) = call(list(args))
+        torch.testing.assert_close(out, model(x, w), rtol=1e-4, atol=1e-4)
+print("loaded ok", type(call).__name__, getattr(call, "replays", None))
 """
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent)  # python only: no cc, c++, gcc, clang
@@ -69,6 +70,7 @@ print("loaded ok")
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0 and "loaded ok" in done.stdout, done.stderr[-4000:]
+    return done.stdout.split("loaded ok", 1)[1].split()
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -83,6 +85,7 @@ def test_a_saved_cpu_artifact_runs_in_a_process_without_compilers(
     assert manifest["requires"]["cpu"]["machine"]
     assert any(path.endswith(".so") for path in manifest["files"])
     assert not any(path.endswith((".pkl", ".pt", ".pyc")) for path in manifest["files"])
+    assert "cudagraphs" not in manifest  # no CUDA tensors
     _run_loaded(directory, "cpu", dynamic)
 
 
@@ -129,7 +132,11 @@ def test_a_saved_cuda_artifact_runs_without_triton_compiling(tmp_path: Path, dyn
     manifest = json.loads((directory / "manifest.json").read_text())
     assert next(iter(manifest["requires"]["cuda"].values())).startswith("sm_")
     assert any(path.endswith(".cubin") for path in manifest["files"])
-    _run_loaded(directory, "cuda", dynamic)
+    assert manifest["cudagraphs"]["blocker"] is None
+    kind, replays = _run_loaded(directory, "cuda", dynamic)
+    # the loaded graph replays CUDA graphs as a compiled one does (each size: a plain
+    # call, then a recording and replays)
+    assert kind == "GraphedCall" and int(replays) >= (2 if dynamic else 1)
 
 
 def test_records_do_not_keep_a_dropped_graph_loaded() -> None:

@@ -151,7 +151,32 @@ def load_artifact(directory: Path | str) -> tuple[Artifact, Callable[[list[Any]]
     root = Path(directory)
     manifest = read_manifest(root)
     check_requirements(manifest, root / MANIFEST)
-    return load_files(manifest, verified_files(root, manifest), str(root))
+    artifact, call = load_files(manifest, verified_files(root, manifest), str(root))
+    return artifact, graphed(artifact, call, manifest)
+
+
+def graphed(
+    artifact: Artifact, call: Callable[[list[Any]], Any], manifest: dict[str, Any]
+) -> Callable[[list[Any]], Any]:
+    """`call` replayed from CUDA graphs (ember.runtime.cudagraphs) where the graph was
+    found recordable when it was compiled (the manifest's `cudagraphs` entry) and
+    `EMBER_CUDAGRAPHS` is not off, as a freshly compiled graph would be."""
+    from ember.runtime.config import config
+
+    entry = manifest.get("cudagraphs") or {}
+    setting = config.cudagraphs
+    if setting == "off" or entry.get("device") is None or entry.get("blocker") is not None:
+        return call
+    from ember.runtime.cudagraphs import GraphedCall
+
+    return GraphedCall(
+        call,
+        name=artifact.graph,
+        static_inputs=artifact.static_inputs,
+        device=int(entry["device"]),
+        loud=setting == "on",
+        adaptive=setting == "auto",
+    )
 
 
 def load_files(

@@ -165,7 +165,7 @@ def lookup(key: str, graph: str) -> tuple[Artifact, Callable[[list[Any]], Any]] 
         stats["misses"] += 1
         return None
     artifact.graph = graph
-    artifact.extra = {k: manifest[k] for k in ("record",) if k in manifest}
+    artifact.extra = {k: manifest[k] for k in ("record", "cudagraphs") if k in manifest}
     stats["hits"] += 1
     log.info("compiled %s from the cache in %.1f ms", graph, (time.perf_counter() - start) * 1e3)
     return artifact, call

@@ -239,7 +239,7 @@ def _finish(
     record.artifact = artifact
     # kernels bake each input's strides and storage offset: a call with others copies
     call = _eager_on_shape_mismatch(guarded, eager_gm, record)
-    call = _graphed(call, eager_gm, record, static_inputs, lend_outputs_from)
+    call = _graphed(call, eager_gm, record, static_inputs, lend_outputs_from, artifact)
     if config.check != "off":  # EMBER_CHECK: also run eagerly and compare (ember.runtime.check)
         from ember.runtime.check import checked
 
@@ -377,11 +377,13 @@ def _graphed(
     record: CompileRecord,
     static_inputs: Sequence[int],
     lend_outputs_from: int | None = None,
+    artifact: Artifact | None = None,
 ) -> Callable[[list[Any]], Any]:
     """`call`, replayed from CUDA graphs where `EMBER_CUDAGRAPHS` and the graph allow
-    (ember.runtime.cudagraphs); `record.cudagraphs` says what happened."""
+    (ember.runtime.cudagraphs); `record.cudagraphs` says what happened. Whether the
+    graph can be recorded goes into `artifact`'s manifest, for a loaded copy."""
     setting = config.cudagraphs
-    if setting == "off" or not any(
+    if not any(
         isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_cuda
         for n in gm.graph.nodes
     ):
@@ -389,6 +391,12 @@ def _graphed(
         return call
     from ember.runtime import cudagraphs
 
+    if artifact is not None:  # whatever this process's settings (EMBER_CHECK, graphs off)
+        plain = cudagraphs.graph_blocker(gm, static_inputs, "off")
+        artifact.extra["cudagraphs"] = {"device": cudagraphs.graph_device(gm), "blocker": plain}
+    if setting == "off":
+        record.cudagraphs = "off"
+        return call
     blocker = cudagraphs.graph_blocker(gm, static_inputs, config.check)
     if blocker is not None:
         level = logging.WARNING if setting == "on" else logging.INFO
