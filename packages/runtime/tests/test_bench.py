@@ -203,3 +203,14 @@ def test_the_report_puts_the_backends_side_by_side_with_embers_ratios() -> None:
     assert c.split()[4] == "failed" and c.split()[-1] == "-"
     # geomean over the models that have both: eager (4, 4, 1), inductor-ro (0.5, 0.5)
     assert mean.split() == ["geomean", "inference", "2.52x", "1.59x", "0.50x"]
+
+
+def test_a_measurement_keeps_each_graphs_cuda_graph_state() -> None:
+    """What measure.py reports of CUDA graphs per ember graph reaches the record (and
+    so the JSON): it was dropped on the way before."""
+    from ember.runtime.bench.harness import BenchRecord, _merge
+
+    record = BenchRecord("mlp", "inference", "cuda", "bfloat16", "ember")
+    state = "inference_0: recorded 1"
+    _merge(record, "cold", {"compile_s": 1.0, "ms": 2.0, "cudagraphs": state})
+    assert record.cudagraphs == state and record.ms == 2.0

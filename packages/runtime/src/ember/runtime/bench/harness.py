@@ -64,6 +64,7 @@ class BenchRecord:
     device_kernels: int | None = None
     graphs: int | None = None
     ran_eagerly: int | None = None
+    cudagraphs: str | None = None  # per ember graph: whether its calls replay CUDA graphs
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -269,7 +270,7 @@ def _merge(record: BenchRecord, phase: str, result: dict[str, Any]) -> None:
     record.compile_cold_s = result.get("compile_s")
     for key in ("ms", "peak_mem_bytes", "max_abs_err", "matches_eager", "kernels"):
         setattr(record, key, result.get(key))
-    for key in ("device_kernels", "graphs", "ran_eagerly"):
+    for key in ("device_kernels", "graphs", "ran_eagerly", "cudagraphs"):
         setattr(record, key, result.get(key))
     if record.backend == "eager":
         record.max_abs_err = 0.0
