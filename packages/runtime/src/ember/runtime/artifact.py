@@ -36,6 +36,7 @@ opaque script object) runs in its process but cannot be saved: `save` says which
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -232,14 +233,20 @@ def read_manifest(root: Path) -> dict[str, Any]:
 # -- what an artifact needs of the process and the machine --------------------------
 
 
-def versions() -> dict[str, str]:
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
     found = {"python": platform.python_version(), "torch": torch.__version__}
     for name, distribution in (("ember", "ember-runtime"), ("triton", "triton")):
         try:
             found[name] = importlib.metadata.version(distribution)
         except importlib.metadata.PackageNotFoundError:
             found[name] = "absent"
-    return found
+    return tuple(found.items())
+
+
+def versions() -> dict[str, str]:
+    """Python, torch, ember and Triton versions (package metadata, read once)."""
+    return dict(_versions())
 
 
 # Versions a loaded artifact must share with the process: torch (the wrapper calls its
@@ -263,16 +270,10 @@ def requirements(inputs: Sequence[InputRecord], files: dict[str, bytes]) -> dict
 def cpu_features() -> set[str]:
     """The instruction-set extensions of this CPU that compiled kernels may use
     (/proc/cpuinfo's flags; an empty set where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags = set(line.split(":", 1)[1].split())
-            prefixes = ("sse", "ssse", "avx", "fma", "f16c", "bmi", "amx", "popcnt", "asimd", "sve")
-            return {f for f in flags if f.startswith(prefixes)}
-    return set()
+    from ember.runtime.cpp_kernels import cpu_flags
+
+    prefixes = ("sse", "ssse", "avx", "fma", "f16c", "bmi", "amx", "popcnt", "asimd", "sve")
+    return {f for f in cpu_flags() if f.startswith(prefixes)}
 
 
 def check_requirements(manifest: dict[str, Any], where: Path | str) -> None:
@@ -319,18 +320,16 @@ def _digest(data: bytes) -> str:
 def verified_files(root: Path, manifest: dict[str, Any]) -> dict[str, bytes]:
     """Every file the manifest lists, read once and checked against its hash."""
     files: dict[str, bytes] = {}
-    for path, digest in manifest["files"].items():
+    for path in manifest["files"]:
         if Path(path).is_absolute() or ".." in Path(path).parts:
             raise ArtifactError(f"{root / MANIFEST}: file {path!r} lies outside the artifact")
         try:
-            data = (root / path).read_bytes()
+            files[path] = (root / path).read_bytes()
         except OSError as exc:
             raise ArtifactError(
                 f"{root / path}: listed in the manifest, cannot be read: {exc}"
             ) from exc
-        if _digest(data) != digest:
-            raise ArtifactError(f"{root / path}: its contents do not match the manifest's hash")
-        files[path] = data
+    verify_files(manifest, files, str(root))
     return files
 
 

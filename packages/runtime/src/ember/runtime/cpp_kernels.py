@@ -342,15 +342,25 @@ def resolved_target_flags(driver_output: str) -> list[str]:
 def cpuinfo_features() -> str:
     """The machine and its CPU's feature flags (x86 `flags`, Arm `Features`) from
     /proc/cpuinfo, sorted; the processor name where there is no such file."""
+    flags = cpu_flags()
+    if flags:
+        return f"{platform.machine()} {' '.join(sorted(flags))}"
+    return f"{platform.machine()} {platform.processor()}"
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (x86 `flags`, Arm `Features`) from /proc/cpuinfo, read
+    once; empty where it cannot be read."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        text = ""
+        return frozenset()
     for line in text.splitlines():
         name, _, value = line.partition(":")
         if name.strip() in ("flags", "Features"):
-            return f"{platform.machine()} {' '.join(sorted(set(value.split())))}"
-    return f"{platform.machine()} {platform.processor()}"
+            return frozenset(value.split())
+    return frozenset()
 
 
 def _build(compiler: str, text: str, store: EntryStore, key: str) -> Entry:

@@ -89,15 +89,23 @@ def _check(code: int, what: str) -> None:
 
 def _make_current(device: int) -> None:
     """Make `device`'s primary context (torch's) current on this thread."""
-    lib = _lib()
     current = _void_p()
-    _check(lib.cuCtxGetCurrent(_c.byref(current)), "cuCtxGetCurrent")
+    _check(_lib().cuCtxGetCurrent(_c.byref(current)), "cuCtxGetCurrent")
+    context = _primary_context(device)
+    if current.value != context.value:
+        _check(_lib().cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
+@functools.cache
+def _primary_context(device: int) -> Any:
+    """`device`'s primary context, retained once for the process (each retain counts
+    one more user of the context)."""
+    lib = _lib()
     handle = _c.c_int()
     _check(lib.cuDeviceGet(_c.byref(handle), device), "cuDeviceGet")
     context = _void_p()
     _check(lib.cuDevicePrimaryCtxRetain(_c.byref(context), handle), "cuDevicePrimaryCtxRetain")
-    if current.value != context.value:
-        _check(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    return context
 
 
 class Function:

@@ -483,9 +483,9 @@ class TritonLauncher:
             return
         start = time.perf_counter()
         key = (self.digest, tuple(sizes), tuple(t.dtype for t in tensors))
-        config = _chosen.get(key) or self._tune(tensors, sizes)
-        _chosen[key] = config
         wide = any(abs(s) > _INT32_MAX for s in sizes)
+        config = _chosen.get(key) or self._tune(tensors, sizes, wide)
+        _chosen[key] = config
         launch = self._bind(Variant(config, wide), tensors, sizes)
         self._bound[args[self._buffers :]] = launch
         first_launch_seconds[0] += time.perf_counter() - start
@@ -666,12 +666,12 @@ class TritonLauncher:
         message = index_error_message(f"{what}, kernel {self.kernel.name}", dim, None, None)
         return IndexOutOfBounds(message)
 
-    def _tune(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> LaunchConfig:
-        """The fastest config that compiled, timed on these tensors (copies of the
-        written ones where the kernel is not idempotent or its tensors alias)."""
+    def _tune(self, tensors: Sequence[torch.Tensor], sizes: list[int], wide: bool) -> LaunchConfig:
+        """The fastest config that compiled (for 64-bit sizes where `wide`), timed on
+        these tensors (copies of the written ones where the kernel is not idempotent
+        or its tensors alias)."""
         configs = self.kernel.configs
         device = tensors[0].device
-        wide = any(abs(s) > _INT32_MAX for s in sizes)
         if len(configs) == 1:
             self.function(Variant(configs[0], wide), device)  # raises if it did not compile
             return configs[0]
@@ -724,10 +724,9 @@ def _config_from(data: dict[str, Any]) -> LaunchConfig:
     return LaunchConfig(blocks, int(data["num_warps"]), int(data["num_stages"]))
 
 
-@functools.cache
 def _restored_sources() -> Path:
     """Where restored launchers write their kernels' sources when they must load
-    them (Triton reads a jit function's source from its file)."""
+    them (Triton reads a jit function's source from its file): the current cache."""
     from ember.runtime.config import config
 
     return Path(config.cache_dir) / "kernels"
