@@ -140,6 +140,10 @@ def test_a_small_welford_stays_whole_on_the_gpu(lower: Callable[..., Program]) -
     assert not split(head)
     stem = lower(lambda t: torch.var_mean(t, 0), torch.randn(64 * 112 * 112, 1))
     assert split(stem)
+    # few elements in all, but unsplit only two programs (64 channels each) would
+    # reduce 6272 rows: MobileNetV3's 14 x 14 batch norms at batch 32
+    columns = lower(lambda t: torch.var_mean(t, 0), torch.randn(6272, 80))
+    assert split(columns)
 
 
 def test_partial_absorbs_the_prologue_and_final_the_epilogue(
@@ -215,3 +219,34 @@ def test_split_matches_unfused_program_and_eager(case: str, lower: Callable[...,
         assert isinstance(node.loop, Reduction)
         assert all(isinstance(r, sympy.Integer) for r in node.loop.reduction_ranges)
     check(program, schedule, fn, *args)
+
+
+def test_split_finals_share_a_kernel(lower: Callable[..., Program]) -> None:
+    """A split reduction's final steps over the same outputs run as one kernel: the
+    Welford merge's mean and M2 sums (its partials interleave them in pairs), and the
+    two per-channel sums of a batch norm's backward (cousins: they read what one
+    partial kernel wrote, and share no bytes)."""
+    x = torch.randn(512, 8) + 2.0
+
+    def stats(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.var_mean(t, 0)
+
+    program = lower(stats, x)
+    schedule = schedule_program(program, SMALL)
+    finals = [
+        k for k in schedule.kernels if any(m.name.endswith(("_means", "_m2s")) for m in k.members)
+    ]
+    assert len(finals) == 1
+    assert {m.reduction for m in finals[0].members if m.kind == "reduction"} == {"welford", "sum"}
+    check(program, schedule, stats, x)
+
+    def backward_sums(g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return g.sum(0), (g * h).sum(0)
+
+    args = (torch.randn(512, 8), torch.randn(512, 8))
+    program = lower(backward_sums, *args)
+    schedule = schedule_program(program, SMALL)
+    shapes = [[m.name for m in k.members if m.kind == "reduction"] for k in schedule.kernels]
+    assert len(schedule.kernels) == 2, shapes  # the partials, then both finals
+    assert sorted(len(names) for names in shapes) == [2, 2]
+    check(program, schedule, backward_sums, *args)

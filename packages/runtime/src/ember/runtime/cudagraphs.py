@@ -160,14 +160,30 @@ def graph_device(gm: torch.fx.GraphModule) -> int:
 class _Output:
     """How one result of a recording reaches the caller at each replay."""
 
-    # "value", "alias" (of input `index`), "copy" (into a fresh tensor), "bytes" (a
-    # view of a fresh copy of its storage), "lent" (the recording's memory at `index`)
+    # "value", "input" (input `index` itself), "alias" (a view of input `index`),
+    # "copy" (into a fresh tensor), "bytes" (a view of a fresh copy of its storage),
+    # "lent" (the recording's memory at `index`)
     kind: str
-    value: Any = None  # a "value" result itself; for "bytes", the result's dtype
+    value: Any = None  # a "value" result itself; for "bytes" and "lent", the metadata
     index: int = 0  # the input aliased, or the byte buffer shared with other results
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
     offset: int = 0
+
+
+def _metadata(
+    dtype: torch.dtype, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+) -> dict[str, Any]:
+    """What `_tensor_on` needs to build a result over a storage."""
+    return {"dtype": dtype, "size": size, "stride": stride, "storage_offset": offset}
+
+
+def _tensor_on(storage: torch.UntypedStorage, metadata: dict[str, Any]) -> torch.Tensor:
+    """A CUDA tensor viewing `storage` as `metadata` says: one call into torch, where
+    an empty tensor's `set_` takes two and a third of the host time per result (a
+    training step hands out a few hundred)."""
+    make = torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata
+    return make(metadata, storage)  # type: ignore[arg-type]  # an untyped storage
 
 
 class _Recording:
@@ -258,12 +274,19 @@ class _Recording:
             owner = owners.get(pointer)
             if owner is not None:
                 aliased.add(owner)
-                relative = offset - int(inputs[owner].storage_offset())
+                source = inputs[owner]
+                if result is source:
+                    # the input itself (a parameter saved for the backward): handed
+                    # back as it is, as a plain call does
+                    self.plan.append(_Output("input", None, owner))
+                    continue
+                relative = offset - int(source.storage_offset())
                 self.plan.append(_Output("alias", None, owner, size, stride, relative))
             elif number >= self.lend_from:
                 # lent: handed out in place (a new storage object over the recording's
                 # memory each replay, whose death `lent_free` checks before the next)
-                self.plan.append(_Output("lent", result.dtype, pointer, size, stride, offset))
+                meta = _metadata(result.dtype, size, stride, offset)
+                self.plan.append(_Output("lent", meta, pointer, size, stride, offset))
                 self.lent_storages.setdefault(pointer, storage.nbytes())
                 _lent_memory.add(pointer)
             elif sharing[pointer] == 1 and _fills_storage(result):
@@ -275,7 +298,8 @@ class _Recording:
                     whole = torch.empty(0, dtype=torch.uint8, device=result.device)
                     self.sources.append(whole.set_(storage))
                 index = byte_buffers[pointer]
-                self.plan.append(_Output("bytes", result.dtype, index, size, stride, offset))
+                meta = _metadata(result.dtype, size, stride, offset)
+                self.plan.append(_Output("bytes", meta, index, size, stride, offset))
         return aliased & copied
 
     def _fixed_strides(self, aliased: set[int]) -> None:
@@ -327,8 +351,9 @@ class _Recording:
             if kind == "copy":
                 out.append(fresh[entry.index])
             elif kind == "lent":
-                view = torch.empty(0, dtype=entry.value, device=self.device)
-                out.append(view.set_(storages[entry.index], entry.offset, entry.size, entry.stride))
+                out.append(_tensor_on(storages[entry.index], entry.value))
+            elif kind == "input":
+                out.append(args[entry.index])
             elif kind == "value":
                 out.append(entry.value)
             elif kind == "alias":
@@ -337,9 +362,7 @@ class _Recording:
                     base.as_strided(entry.size, entry.stride, base.storage_offset() + entry.offset)
                 )
             else:
-                raw = fresh[entry.index]
-                view = torch.empty(0, dtype=entry.value, device=raw.device)
-                out.append(view.set_(raw.untyped_storage(), entry.offset, entry.size, entry.stride))
+                out.append(_tensor_on(fresh[entry.index].untyped_storage(), entry.value))
         args.clear()
         if self.container is None:
             return out[0]

@@ -346,14 +346,19 @@ class Fuser:
             return
         best: tuple[int, int, Group, Member] | None = None
         reads = self._reads(buffer)
-        for order in sorted({k for name in reads for k in self._touching.get(name, ())}):
+        cousins = self._cousins(buffer, reads) if kind == REDUCTION else set()
+        touching = {k for name in reads for k in self._touching.get(name, ())}
+        for order in sorted(touching | cousins):
             group = self.groups[order]
-            if not self._may_save(group, reads):
+            cousin = order in cousins
+            if not cousin and not self._may_save(group, reads):
                 continue  # its score would be 0, and only a positive score is taken
             candidate = self._try(group, buffer)
             if candidate is None:
                 continue
             member, score = candidate
+            if cousin:
+                score = max(score, LAUNCH_SAVED)
             if score > 0 and (best is None or score > best[0]):
                 best = (score, -order, group, member)
         if best is None:
@@ -366,6 +371,31 @@ class Fuser:
         group.members.append(member)
         self.group_of[buffer.name] = group
         self._note(group, -negative_order)
+
+    def _cousins(self, buffer: ComputedBuffer, reads: frozenset[str]) -> set[int]:
+        """Positions of the reduction groups over `buffer`'s own iteration space that
+        read what the kernel computing one of `buffer`'s inputs computes: the final
+        sums of a split reduction's partials (a batch norm's backward has two per
+        channel, from one partial kernel). Joining one shares no bytes but saves a
+        launch of a kernel that only reads a few KB."""
+        loop = buffer.loop
+        assert isinstance(loop, Reduction)
+        found: set[int] = set()
+        for name in reads:
+            producer = self.group_of.get(name)
+            if producer is None:
+                continue
+            for computed in producer.names():
+                for order in self._touching.get(computed, ()):
+                    group = self.groups[order]
+                    if (
+                        group is not producer
+                        and group.ranges == loop.ranges
+                        and group.reduction_ranges == loop.reduction_ranges
+                        and all(m.kind == REDUCTION for m in group.members)
+                    ):
+                        found.add(order)
+        return found
 
     def _reads(self, buffer: ComputedBuffer) -> frozenset[str]:
         """What `buffer` reads, remembered for the buffer being placed: `_place` tries
@@ -544,6 +574,11 @@ class Fuser:
         }
         here = {(n.buffer, n.index) for n in walk(placed) if isinstance(n, Load)}
         shared = {name for name, index in here & in_group}
+        for name, index in here - in_group:
+            if name not in shared and any(
+                other == name and _near(index, at) for other, at in in_group
+            ):
+                shared.add(name)
         saved = 0
         for name in self._reads(buffer):
             if name in members:
@@ -551,6 +586,19 @@ class Fuser:
             elif name in shared and self.choices.horizontal:
                 saved += self.sizes.get(name, 0)
         return saved
+
+
+# The score of joining a cousin reduction's kernel (`Fuser._cousins`): less than any
+# byte saved, so a group that saves memory traffic is always preferred.
+LAUNCH_SAVED = 1
+# Loads of one buffer at most this many elements apart share cache lines (`_score`).
+NEAR_ELEMENTS = 8
+
+
+def _near(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """Whether indices `a` and `b` differ by a small constant at every point."""
+    delta = sympy.expand(a - b)
+    return isinstance(delta, sympy.Integer) and abs(int(delta)) <= NEAR_ELEMENTS
 
 
 def symbol_definitions(program: Program) -> dict[sympy.Symbol, int]:

@@ -53,6 +53,11 @@ from ember.scheduler.indexing import affine_coefficient, store_index
 from ember.scheduler.iteration import merge_loop
 
 SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
+# A Welford reduction splits only where an unsplit worker would reduce at least this
+# many chunks' worth of elements (on the GPU, 32 x 256: its per-element update
+# divides, so a worker covers a few billion elements a second at best, and 8192
+# elements are a few microseconds, about what the three extra merge kernels cost).
+WELFORD_SPLIT_CHUNKS = 32
 
 
 def split_reductions(program: Program, choices: DeviceChoices) -> Program:
@@ -92,11 +97,17 @@ def _split(
     loop = merged.loop
     column = _reads_across_outputs(loop)
     outputs, length = int(product(loop.ranges)), int(product(loop.reduction_ranges))
-    enough = choices.split_min_chunk * choices.split_workers
-    if loop.kind == "welford" and outputs * length < enough:
-        # Its merge costs three small kernels, not one: only a reduction with a full
-        # chunk for every worker the device wants gains from it (convnext's final
-        # layer norm, [64, 768], would run four kernels instead of one).
+    width = max(choices.split_column_width, 1) if column else 1  # outputs per worker
+    if (
+        loop.kind == "welford"
+        and length * min(width, outputs) < WELFORD_SPLIT_CHUNKS * choices.split_min_chunk
+    ):
+        # Its merge costs three small kernels, not one: only a reduction whose unsplit
+        # workers each have much to do gains from it (convnext's final layer norm,
+        # [64, 768], would run four kernels instead of one). What counts is the work
+        # per worker, not the total: MobileNetV3's [80] channels over 6272 rows are
+        # only half a million elements, but unsplit they ran on two GPU programs,
+        # 135 us per batch norm on the H100 (2026-11-24), where split they take a few.
         return None
     chunks = choices.reduction_chunks(outputs, length, int(loop.reduction_ranges[0]), column)
     if chunks < 2:
