@@ -263,14 +263,19 @@ def _graphed_calls() -> list[cudagraphs.GraphedCall]:
 
 def test_a_training_forward_lends_its_saved_tensors_to_its_backward() -> None:
     """In a training loop, the forward's replays hand the tensors saved for the
-    backward out of the recording's memory (no copy), the backward reads them there
-    (no copy in), and every step after the recordings replays both."""
+    backward out of the recording's memory (no copy), the backward reads them and the
+    saved parameters in place (no copy in), and every step after the recordings
+    replays both."""
     before = {id(g) for g in _graphed_calls()}
     _train("on", steps=8)
     calls = [g for g in _graphed_calls() if id(g) not in before]
     recordings = [r for g in calls for r in g._recordings.values()]
     assert any(r.lent_storages for r in recordings), "the forward lent nothing"
     assert any(r.lent_indices for r in recordings), "the backward copied its saved inputs"
+    # the weights the forward saved (torch marks no input of a backward static) are
+    # read in place too, as the forward reads them
+    backward = [r for r in recordings if r.lent_indices]
+    assert all(r.static_indices for r in backward), "the backward copied the saved weights"
     # steps 1 and 2 run plainly (warm, then recorded and replayed at step 2 under 'on'):
     # both graphs replay from step 2 on, none fell back to a plain call
     assert sorted(g.replays for g in calls) == [7, 7], [g.replays for g in calls]

@@ -198,7 +198,18 @@ class _Recording:
         device: int,
         lend_from: int | None = None,
     ) -> None:
+        # Parameters and buffers: the static inputs, and in a backward (which torch
+        # marks none of) the inputs in the memory of some recording's static inputs,
+        # the parameters its forward saved for it. Reading them in place is right
+        # whenever the address matches at a replay, which is checked; copying them
+        # cost the largest copies of a step (a 32000-word embedding's weight).
+        static = static | {
+            i
+            for i, value in enumerate(args)
+            if isinstance(value, torch.Tensor) and _in_static_memory(value)
+        }
         self.static_indices = sorted(i for i in static if isinstance(args[i], torch.Tensor))
+        _static_memory.update(args[i].untyped_storage().data_ptr() for i in self.static_indices)
         self.static_pointers: list[int | None] = [None] * len(args)
         for i in self.static_indices:
             self.static_pointers[i] = args[i].data_ptr()
@@ -372,6 +383,12 @@ class _Recording:
 # Storage addresses of every recording's lent results: a later recording reads an
 # input in this memory in place (a backward reading its forward's saved tensors).
 _lent_memory: set[int] = set()
+# Storage addresses of every recording's parameters and buffers (see `_Recording`).
+_static_memory: set[int] = set()
+
+
+def _in_static_memory(t: torch.Tensor) -> bool:
+    return t.untyped_storage().data_ptr() in _static_memory
 
 
 def _is_lent(t: torch.Tensor) -> bool:
