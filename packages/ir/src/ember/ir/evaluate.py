@@ -298,11 +298,11 @@ def scan_values(values: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "logsumexp":
         return torch.logcumsumexp(values, -1)
     if kind in ("max", "argmax"):
-        found = torch.cummax(values, -1)
-        return found.values if kind == "max" else found.indices
+        top = torch.cummax(values, -1)
+        return top.values if kind == "max" else top.indices
     if kind in ("min", "argmin"):
-        found = torch.cummin(values, -1)
-        return found.values if kind == "min" else found.indices
+        bottom = torch.cummin(values, -1)
+        return bottom.values if kind == "min" else bottom.indices
     raise ValueError(f"unknown scan {kind!r}")
 
 
