@@ -3,9 +3,9 @@
 Each fused kernel is evaluated the way its contract (kernel.py) says a codegen must run
 it: members in order over the kernel's iteration space, reductions combined over the
 inner dimensions, scans carried along it, loads of kernel-local reductions reading the
-value for the current outer point. Comparing `run_schedule` with the IR's `run_program` tests the scheduler's
-fusion decisions without any code generator; comparing a codegen's kernels with it
-tells codegen bugs from scheduling bugs.
+value for the current outer point. Comparing `run_schedule` with the IR's
+`run_program` tests the scheduler's fusion decisions without any code generator;
+comparing a codegen's kernels with it tells codegen bugs from scheduling bugs.
 """
 
 from __future__ import annotations
