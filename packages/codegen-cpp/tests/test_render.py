@@ -82,6 +82,8 @@ GOLDEN_CASES: dict[str, Callable[[], list[FusedKernel]]] = {
         torch.tensor([0, 2, 0]),
         torch.randn(3, 4),
     ),
+    "cumsum_rows": lambda: kernels_of(lambda x: x.cumsum(1), torch.randn(64, 4096)),
+    "cummax_columns": lambda: kernels_of(lambda x: torch.cummax(x, 0), torch.randn(100, 64)),
     "welford_bf16": lambda: kernels_of(
         lambda x: torch.var_mean(x.float(), -1)[0].to(torch.bfloat16), torch.randn(4, 8).bfloat16()
     ),

@@ -31,6 +31,7 @@ _POINTER = {
     torch.float16: "*fp16",
     torch.int64: "*i64",
     torch.bool: "*i1",
+    torch.float64: "*fp64",
 }
 
 
@@ -97,6 +98,13 @@ def _x(*shape: int) -> torch.Tensor:
             (randn(10, 16), torch.tensor([1, 2])),
             {"debug": True},
         ),
+        ("cumsum", lambda x: x.float().cumsum(-1), (_x(64, 512),), {}),
+        ("cumsum_looped", lambda x: x.cumsum(-1), (randn(8, 10000),), {}),
+        ("cumsum_columns", lambda x: x.cumsum(0), (randn(3000, 64),), {}),
+        ("cummax", lambda x: torch.cummax(x, -1), (_x(16, 5000),), {}),
+        ("cummin_bool", lambda x: torch.cummin(x > 0, -1), (randn(16, 500),), {}),
+        ("logcumsumexp", lambda x: torch.logcumsumexp(x, -1), (randn(16, 3000),), {}),
+        ("cumsum_int", lambda x: (x > 0).cumsum(-1), (randn(16, 300),), {}),
         (
             "scatter",
             lambda x, y, z: x.index_add(0, y, z),

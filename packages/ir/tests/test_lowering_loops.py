@@ -274,15 +274,15 @@ def test_symbolic_sizes_are_never_specialised() -> None:
 
 
 def test_fallbacks_off_names_op_and_node() -> None:
-    with pytest.raises(LoweringError, match=r"node 'cummax' \(aten.cummax.default\)"):
-        lower(lambda x: torch.cummax(x, 0).values, torch.randn(4))
+    with pytest.raises(LoweringError, match=r"node 'avg_pool3d' \(aten.avg_pool3d.default\)"):
+        lower(lambda x: F.avg_pool3d(x, 2), torch.randn(1, 2, 4, 4, 4))
 
 
 def test_fallback_extern_consumes_realized_lazy_values() -> None:
-    x = torch.randn(6)
-    program = check(lambda x: torch.cummax(x * 2, 0).values + 1, x, allow_fallback=True)
+    x = torch.randn(1, 2, 4, 4, 4)
+    program = check(lambda x: F.avg_pool3d(x * 2, 2) + 1, x, allow_fallback=True)
     (extern,) = program.extern_kernels()
-    assert extern.fallback and extern.op is torch.ops.aten.cummax.default
+    assert extern.fallback and extern.op is torch.ops.aten.avg_pool3d.default
 
 
 def test_verifier_rejects_out_of_bounds_and_bad_dtypes() -> None:

@@ -16,6 +16,7 @@ from ember.ir import (  # noqa: F401
     pooling,
     random,
     reduction,
+    scan,
     views,
 )
 from ember.ir.errors import (
@@ -47,7 +48,7 @@ from ember.ir.interpreter import (
     run_program,
 )
 from ember.ir.layout import Layout, conforms, laid_out, offset_symbol
-from ember.ir.loops import REDUCTION_KINDS, Pointwise, Reduction, Scatter
+from ember.ir.loops import REDUCTION_KINDS, SCAN_KINDS, Pointwise, Reduction, Scan, Scatter
 from ember.ir.lowering import (
     INTENTIONAL_EXTERNS,
     LOWERINGS,
@@ -81,6 +82,7 @@ __all__ = [
     "LOWERINGS",
     "OP_NAMES",
     "REDUCTION_KINDS",
+    "SCAN_KINDS",
     "BufferRef",
     "Cast",
     "CheckIndex",
@@ -108,6 +110,7 @@ __all__ = [
     "Program",
     "Rand",
     "Reduction",
+    "Scan",
     "Scatter",
     "SizeInput",
     "VerificationError",

@@ -21,7 +21,7 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
 
 from ember.ir.errors import IndexOutOfBounds, index_error_message
 from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
-from ember.ir.loops import Pointwise, Scatter
+from ember.ir.loops import Pointwise, Scan, Scatter
 from ember.ir.nodes import ComputedBuffer
 from ember.ir.random import normal, uniform
 from ember.ir.symbolic import evaluate, index_var, indirect_var
@@ -259,7 +259,12 @@ def run_loop(
             mode = {"prod": "prod", "max": "amax", "min": "amin"}[loop.reduce]
             flat.scatter_reduce_(0, where, values, mode, include_self=True)
         return target  # type: ignore[no-any-return]  # env holds tensors
-    if isinstance(loop, Pointwise):
+    if isinstance(loop, Scan):
+        length = int(evaluate(loop.length, bindings))
+        body = BodyEvaluator(env, bindings, ranges, (length,)).run(loop.body)
+        body = body.to(loop.body.dtype).broadcast_to((*ranges, length))
+        values = scan_values(body, loop.kind).movedim(-1, loop.axis)
+    elif isinstance(loop, Pointwise):
         values = (
             BodyEvaluator(env, bindings, ranges)
             .run(loop.body)
@@ -280,6 +285,25 @@ def run_loop(
     out = torch.empty_strided(size, stride, dtype=layout.dtype)
     out.copy_(values.reshape(size))
     return out
+
+
+def scan_values(values: torch.Tensor, kind: str) -> torch.Tensor:
+    """The scan `kind` (ember.ir.loops.SCAN_KINDS) of `values` along the last dimension,
+    carried in `values`' dtype: torch's own cumulative ops, whose tie and NaN rules
+    the scan kinds are defined by."""
+    if kind == "sum":
+        return torch.cumsum(values, -1, dtype=values.dtype)
+    if kind == "prod":
+        return torch.cumprod(values, -1, dtype=values.dtype)
+    if kind == "logsumexp":
+        return torch.logcumsumexp(values, -1)
+    if kind in ("max", "argmax"):
+        top = torch.cummax(values, -1)
+        return top.values if kind == "max" else top.indices
+    if kind in ("min", "argmin"):
+        bottom = torch.cummin(values, -1)
+        return bottom.values if kind == "min" else bottom.indices
+    raise ValueError(f"unknown scan {kind!r}")
 
 
 def _reduce(values: torch.Tensor, kind: str) -> torch.Tensor:

@@ -3,7 +3,10 @@
 `Pointwise(ranges, body)` evaluates `body` at every point `(i0, i1, ...)` of `ranges`.
 `Reduction(ranges, reduction_ranges, kind, body)` evaluates `body` at every point of
 `ranges` x `reduction_ranges` (variables `r0, r1, ...`) and combines along the
-reduction ranges. `Scatter(ranges, index, indirect, body, reduce)` stores (or combines)
+reduction ranges. `Scan(ranges, length, axis, kind, body, dtype)` evaluates `body` at
+every point of `ranges` x `[length]` (the scanned position is `r0`) and stores, at each
+point, the running combination of the body along `r0` up to and including it (cumsum,
+cummax...). `Scatter(ranges, index, indirect, body, reduce)` stores (or combines)
 `body` at storage offset `index` of the buffer it mutates, an index that may depend on
 data through `indirect` (scatter, index_put).
 
@@ -28,6 +31,18 @@ from ember.ir.expr import Node
 # `[..., 0]` = mean, `[..., 1]` = M2 (variance = M2 / (N - correction)).
 REDUCTION_KINDS: frozenset[str] = frozenset(
     {"sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford"}
+)
+
+# Scan kinds: running sum, product, log(sum(exp)), max and min along one dimension,
+# and `argmax`/`argmin`, the position of the running max/min. Their tie rules are
+# torch.cummax/cummin's, not those of the reductions of the same name: a new element
+# takes over when it is NaN or when the current one is not NaN and the element is >=
+# (max) or <= (min) it, so ties go to the LAST occurrence and, once a NaN is seen,
+# every later NaN takes over (values: NaN from the first NaN on). `logsumexp` combines
+# as torch.logcumsumexp does: log1p(exp(min - max)) + max, except that two equal
+# infinities give that infinity; NaN propagates.
+SCAN_KINDS: frozenset[str] = frozenset(
+    {"sum", "prod", "logsumexp", "max", "min", "argmax", "argmin"}
 )
 
 # How a `Scatter` combines the stored value with the one already there
@@ -67,6 +82,31 @@ class Reduction:
 
 
 @dataclass(frozen=True)
+class Scan:
+    """A running combination (prefix scan) along one dimension.
+
+    The result has `len(ranges) + 1` dimensions: dimension `axis` is the scanned one,
+    of extent `length` (loop variable `r0`), and the others are `ranges` in order
+    (variables `i0, i1, ...`). The running value is carried in the body's dtype (the
+    accumulation type eager uses: float64 for float32 on the CPU, float32 for the
+    half types, int64 for integers) and stored as `dtype`, which is int64 for the
+    `argmax`/`argmin` kinds. Work is linear in `length`.
+    """
+
+    ranges: tuple[sympy.Expr, ...]
+    length: sympy.Expr
+    axis: int
+    kind: str
+    body: Node
+    dtype: torch.dtype
+
+    @property
+    def result_size(self) -> tuple[sympy.Expr, ...]:
+        """The sizes of the result, in its dimension order."""
+        return (*self.ranges[: self.axis], self.length, *self.ranges[self.axis :])
+
+
+@dataclass(frozen=True)
 class Scatter:
     ranges: tuple[sympy.Expr, ...]
     index: sympy.Expr
@@ -79,7 +119,7 @@ class Scatter:
         return self.body.dtype
 
 
-Loop = Pointwise | Reduction | Scatter
+Loop = Pointwise | Reduction | Scan | Scatter
 
 
 def loop_bodies(loop: Loop) -> tuple[Node, ...]:

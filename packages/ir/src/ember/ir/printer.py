@@ -8,7 +8,7 @@ import sympy
 import torch
 
 from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
-from ember.ir.loops import Pointwise, Reduction, Scatter
+from ember.ir.loops import Pointwise, Reduction, Scan, Scatter
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -121,6 +121,9 @@ def _format_loop(buffer: ComputedBuffer) -> list[str]:
     elif isinstance(loop, Reduction):
         reduced = ", ".join(str(r) for r in loop.reduction_ranges)
         head = f"reduction {loop.kind} [{ranges}] over [{reduced}]"
+    elif isinstance(loop, Scan):
+        carried = _dtype(loop.body.dtype)
+        head = f"scan {loop.kind} [{ranges}] along [{loop.length}] at dim {loop.axis} ({carried})"
     else:
         how = f" reduce={loop.reduce}" if loop.reduce else ""
         head = f"scatter [{ranges}] at [{loop.index}]{how}"

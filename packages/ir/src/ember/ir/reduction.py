@@ -1,16 +1,12 @@
 """Lowerings of reductions: sum, prod, mean, amax/amin, max/min (values and indices),
-argmax/argmin, any/all, var/var_mean (one Welford pass), softmax/log_softmax, and
-cumsum/cumprod.
+argmax/argmin, any/all, var/var_mean (one Welford pass) and softmax/log_softmax.
+Cumulative ops (cumsum, cummax, ...) are scans: ember.ir.scan.
 
 A reduction's result is always stored (a `ComputedBuffer` holding a `Reduction`); its
 input is not: the producer's body is inlined into the reduction body, so `sum(exp(x))`
 reads x once. Floating-point sums and products of bfloat16/float16 accumulate in
 float32 as eager does; integer sums in int64. Reducing over no dimensions (`dim=[]`)
 reduces over all of them, as ATen does.
-
-cumsum/cumprod are expressed as a `Reduction` over the scanned dimension with the
-terms past the current position masked to the identity: correct for any codegen today,
-quadratic in that dimension's size; a `Scan` loop node will replace it.
 """
 
 from __future__ import annotations
@@ -25,15 +21,13 @@ import torch.fx
 from ember.ir.expr import IndexExpr, Node, Where
 from ember.ir.layout import Layout
 from ember.ir.loops import Reduction, reduction_dtype
-from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
+from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.symbolic import index_var, product
 from ember.ir.tensor import Index, LazyTensor, cast, const
 from ember.ir.views import norm_dim
 
 aten = torch.ops.aten
-
-_IDENTITY = {"sum": 0, "prod": 1}
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -271,23 +265,3 @@ def lower_softmax(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
         val.device, val.dtype, source.size,
         lambda index: cast(op("sub", shifted(index), op("log", total(index))), val.dtype),
     )  # fmt: skip
-
-
-@register_lowering(aten.cumsum.default, aten.cumprod.default)
-def lower_scan(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
-    source = lowering.tensor(node.args[0])
-    val = lowering.out_val(node)
-    kind = "sum" if node.target is aten.cumsum.default else "prod"
-    if source.ndim == 0:
-        return finish(node, source, lowering)
-    dim = norm_dim(int_arg(node.args[1]), source.ndim)
-    dtype = acc_dtype(val.dtype)
-    identity = const(_IDENTITY[kind], dtype)
-    position = index_var("r", 0)
-    inner: list[sympy.Expr] = [index_var("i", d) for d in range(source.ndim)]
-    inner[dim] = position
-    include = op("le", IndexExpr(position), IndexExpr(index_var("i", dim)))
-    body = Where(include, cast(source.loader(inner), dtype), identity)
-    layout = Layout.contiguous(source.device, dtype, source.size)
-    ref = lowering.store(Reduction(source.size, (source.size[dim],), kind, body), layout)
-    return finish(node, lowering.tensor(ref), lowering)

@@ -17,7 +17,15 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 from ember.ir.errors import VerificationError
 from ember.ir.expr import Cast, CheckIndex, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.layout import Layout
-from ember.ir.loops import REDUCTION_KINDS, SCATTER_REDUCE, Reduction, Scatter, loop_bodies
+from ember.ir.loops import (
+    REDUCTION_KINDS,
+    SCAN_KINDS,
+    SCATTER_REDUCE,
+    Reduction,
+    Scan,
+    Scatter,
+    loop_bodies,
+)
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -134,6 +142,9 @@ def _check_loop(
         if not loop.reduction_ranges:  # codegens would store the body: wrong for argmax
             raise VerificationError(f"{where}: {loop.kind} reduction over no dimension")
         variables |= {index_var("r", d) for d in range(len(loop.reduction_ranges))}
+    if isinstance(loop, Scan):
+        _check_scan(where, buffer, loop)
+        variables.add(index_var("r", 0))
     if isinstance(loop, Scatter) and loop.reduce not in SCATTER_REDUCE:
         raise VerificationError(f"{where}: unknown scatter reduction {loop.reduce!r}")
     if buffer.layout.dtype != loop.dtype:
@@ -143,12 +154,30 @@ def _check_loop(
     ranges = {index_var("i", d): r for d, r in enumerate(loop.ranges)}
     if isinstance(loop, Reduction):
         ranges |= {index_var("r", d): r for d, r in enumerate(loop.reduction_ranges)}
+    if isinstance(loop, Scan):
+        ranges[index_var("r", 0)] = loop.length
     for root in loop_bodies(loop):
         for node in walk(root):
             _check_node(where, node, layouts, variables | symbols, extents, ranges)
     if isinstance(loop, Scatter):
         allowed = variables | symbols | {indirect_var(k) for k in range(len(loop.indirect))}
         _check_symbols(where, loop.index, allowed)
+
+
+def _check_scan(where: str, buffer: ComputedBuffer, loop: Scan) -> None:
+    """A scan's kind, axis and result sizes, and the dtypes it carries and stores."""
+    if loop.kind not in SCAN_KINDS:
+        raise VerificationError(f"{where}: unknown scan {loop.kind!r}")
+    if not 0 <= loop.axis <= len(loop.ranges):
+        raise VerificationError(f"{where}: scan axis {loop.axis} of {len(loop.ranges) + 1} dims")
+    if tuple(buffer.layout.size) != loop.result_size:
+        raise VerificationError(
+            f"{where}: scan result {list(loop.result_size)} stored as {list(buffer.layout.size)}"
+        )
+    if loop.kind in ("argmax", "argmin") and loop.dtype != torch.int64:
+        raise VerificationError(f"{where}: {loop.kind} scan stores int64, not {loop.dtype}")
+    if loop.kind == "logsumexp" and not loop.body.dtype.is_floating_point:
+        raise VerificationError(f"{where}: logsumexp scan of {loop.body.dtype} values")
 
 
 def _check_node(

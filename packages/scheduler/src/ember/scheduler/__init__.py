@@ -7,7 +7,14 @@ runtime executes it.
 
 from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
 from ember.scheduler.interpret import run_kernel, run_schedule
-from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER, FusedKernel, KernelMember
+from ember.scheduler.kernel import (
+    POINTWISE,
+    REDUCTION,
+    SCAN,
+    SCATTER,
+    FusedKernel,
+    KernelMember,
+)
 from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import (
     Allocation,
@@ -25,6 +32,7 @@ __all__ = [
     "DEFAULT_CHOICES",
     "POINTWISE",
     "REDUCTION",
+    "SCAN",
     "SCATTER",
     "Allocation",
     "DeviceChoices",

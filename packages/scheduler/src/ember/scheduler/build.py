@@ -7,10 +7,10 @@ import re
 from collections.abc import Iterable
 
 from ember.ir import Load, Program, Rand, iter_refs, walk
-from ember.ir.loops import Scatter
+from ember.ir.loops import Scan, Scatter
 from ember.scheduler.fusion import Group
 from ember.scheduler.iteration import merge_dimensions
-from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER, FusedKernel, KernelMember
+from ember.scheduler.kernel import POINTWISE, REDUCTION, SCAN, SCATTER, FusedKernel, KernelMember
 
 
 def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKernel]:
@@ -35,6 +35,7 @@ def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKerne
                     stored=stored,
                     over_reduction=m.over_reduction,
                     reduction=getattr(loop, "kind", None) if m.kind == REDUCTION else None,
+                    scan=loop.kind if isinstance(loop, Scan) else None,
                     indirect=loop.indirect if isinstance(loop, Scatter) else (),
                     scatter_reduce=loop.reduce if isinstance(loop, Scatter) else None,
                     mutates=buffer.mutates,
@@ -100,7 +101,9 @@ def _kernel_name(number: int, group: Group, members: list[KernelMember]) -> str:
         if word not in words:
             words.append(word)
     kind = (
-        "red"
+        "scan"
+        if any(m.kind == SCAN for m in group.members)
+        else "red"
         if group.reduction_ranges
         else "scatter"
         if group.closed and any(isinstance(m.buffer.loop, Scatter) for m in group.members)

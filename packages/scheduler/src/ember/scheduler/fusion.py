@@ -16,6 +16,12 @@ starts a new group. Joining group G is legal when
    reduction member is read as the kernel-local value;
 4. inlining copies no body heavier than `DeviceChoices.max_inline_ops`.
 
+A scan (cumsum, cummax, ...) joins only another scan over the same outer x inner
+space that reads nothing the group computes (cummax's values beside its indices):
+its inner dimension is walked in order carrying running values, which no pointwise
+or reduction member of a kernel expects. Its producer is already inlined into its
+body by lowering; its readers run in kernels of their own.
+
 Scatters and mutations of inputs stay alone; extern calls are never fused and nothing
 is fused across them when they read what a node of the group computes.
 
@@ -43,12 +49,12 @@ from ember.ir import (
     walk,
 )
 from ember.ir.expr import map_dag, map_indices, replace_index
-from ember.ir.loops import Pointwise, Reduction, Scatter, loop_bodies
+from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, loop_bodies
 from ember.ir.symbolic import index_var, product
 from ember.scheduler.choices import DeviceChoices
 from ember.scheduler.indexing import affine_coefficient, body_exprs, hint, store_index
 from ember.scheduler.iteration import merge_loop
-from ember.scheduler.kernel import POINTWISE, REDUCTION, SCATTER
+from ember.scheduler.kernel import POINTWISE, REDUCTION, SCAN, SCATTER
 
 
 @dataclass
@@ -90,6 +96,8 @@ def body_cost(body: Node) -> int:
 def _kind(buffer: ComputedBuffer) -> str:
     if isinstance(buffer.loop, Scatter):
         return SCATTER
+    if isinstance(buffer.loop, Scan):
+        return SCAN
     return REDUCTION if isinstance(buffer.loop, Reduction) else POINTWISE
 
 
@@ -431,7 +439,7 @@ class Fuser:
 
     def _new_group(self, buffer: ComputedBuffer, position: int, *, closed: bool = False) -> None:
         loop = buffer.loop
-        reduction_ranges = loop.reduction_ranges if isinstance(loop, Reduction) else ()
+        reduction_ranges = inner_ranges(loop)
         group = Group(position, loop.ranges, reduction_ranges, closed=closed)
         index = self.store_indices[buffer.name]
         group.members.append(Member(buffer, _kind(buffer), loop.body, index, False))
@@ -465,6 +473,8 @@ class Fuser:
         if group.members[0].buffer.layout.device != buffer.layout.device:
             return None
         kind = _kind(buffer)
+        if kind == SCAN or any(m.kind == SCAN for m in group.members):
+            return self._try_scan_sibling(group, buffer)
         ranges, reduction_ranges = group.ranges, group.reduction_ranges
         loop = buffer.loop
         widened: Placement | None = None
@@ -488,6 +498,18 @@ class Fuser:
         index = sympy.expand(self.store_indices[buffer.name].xreplace(mapping))
         member = Member(buffer, kind, inlined, index, over_reduction)
         return member, self._score(group, buffer, member.body)
+
+    def _try_scan_sibling(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | None:
+        """`buffer` as one more scan of a group of scans: the same outer x inner space,
+        reading nothing the group computes (see the module docstring)."""
+        loop = buffer.loop
+        scans = all(m.kind == SCAN for m in group.members)
+        if not (isinstance(loop, Scan) and scans and _same_space(group, loop)):
+            return None
+        if group.names() & self._reads(buffer) or not self._dependencies_allow(group, buffer):
+            return None
+        member = Member(buffer, SCAN, loop.body, self.store_indices[buffer.name], False)
+        return member, self._score(group, buffer, loop.body)
 
     def _members_as_placed(
         self,
@@ -601,6 +623,27 @@ def _near(a: sympy.Expr, b: sympy.Expr) -> bool:
     return isinstance(delta, sympy.Integer) and abs(int(delta)) <= NEAR_ELEMENTS
 
 
+def inner_ranges(loop: Pointwise | Reduction | Scan | Scatter) -> tuple[sympy.Expr, ...]:
+    """The inner (`r`) dimensions of a loop's kernel: reduced, or scanned in order."""
+    if isinstance(loop, Reduction):
+        return loop.reduction_ranges
+    if isinstance(loop, Scan):
+        return (loop.length,)
+    return ()
+
+
+def _same_space(group: Group, loop: Scan) -> bool:
+    """A scan over `group`'s space whose variables mean the same points: the scanned
+    dimension is at the same place among the same outer dimensions."""
+    first = group.members[0].buffer.loop
+    return (
+        isinstance(first, Scan)
+        and group.ranges == loop.ranges
+        and group.reduction_ranges == (loop.length,)
+        and first.axis == loop.axis
+    )
+
+
 def symbol_definitions(program: Program) -> dict[sympy.Symbol, int]:
     """Each size symbol that no input carries (an unbacked one: a data-dependent size)
     -> the position of the node that binds it: the first extern call or multi-output
@@ -628,8 +671,7 @@ def buffer_symbols(buffer: ComputedBuffer) -> set[sympy.Symbol]:
     """The size symbols a computed buffer's loop, body and layout mention."""
     loop = buffer.loop
     exprs: list[sympy.Expr] = [*loop.ranges, *buffer.layout.size, *buffer.layout.stride]
-    if isinstance(loop, Reduction):
-        exprs += loop.reduction_ranges
+    exprs += inner_ranges(loop)
     if isinstance(loop, Scatter):
         exprs.append(loop.index)
     exprs += body_exprs(loop_bodies(loop))

@@ -10,6 +10,13 @@ evaluation order, each rewritten into the kernel's variables:
 - a `reduction` member combines `body` over the inner dimensions into one value per
   outer point (`welford` yields two: mean and M2, stored at `index` and at
   `index + layout.stride[-1]`);
+- a `scan` member computes, at every outer x inner point, the running combination
+  (`scan`: 'sum', 'prod', 'logsumexp', 'max', 'min', 'argmax', 'argmin'; the rules
+  of ember.ir.loops.SCAN_KINDS) of `body` along the kernel's one inner dimension `r0`
+  (the scanned one) up to and including that point, carried in `body.dtype`, and
+  stores it at `index` as `layout.dtype`. A scan kernel holds scan members only
+  (siblings over the same space, such as cummax's values and indices), each stored;
+  codegens run `r0` in order, carrying the running values from one point to the next;
 - a `scatter` member (always alone in its kernel) stores `body` at the data-dependent
   `index` (which may use `ind0, ind1, ...`, the values of `indirect`) into the
   storage of the buffer it mutates, combining with `scatter_reduce` when set.
@@ -37,6 +44,7 @@ from ember.ir.expr import map_dag
 POINTWISE = "pointwise"
 REDUCTION = "reduction"
 SCATTER = "scatter"
+SCAN = "scan"
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class KernelMember:
     stored: bool  # written to memory (False: only other members use it)
     over_reduction: bool = False
     reduction: str | None = None  # the reduction kind ('sum', 'welford', ...)
+    scan: str | None = None  # the scan kind ('sum', 'argmax', ...)
     indirect: tuple[Node, ...] = ()  # scatter only
     scatter_reduce: str | None = None  # scatter only
     mutates: str | None = None  # the buffer whose storage this member writes
@@ -80,6 +89,11 @@ class FusedKernel:
     @property
     def is_reduction(self) -> bool:
         return bool(self.reduction_ranges)
+
+    @property
+    def is_scan(self) -> bool:
+        """A scan kernel: its inner dimension is scanned in order, not reduced."""
+        return any(m.kind == SCAN for m in self.members)
 
     @property
     def is_scatter(self) -> bool:

@@ -20,7 +20,8 @@ def format_kernel(kernel: FusedKernel) -> str:
         head + f" reads {', '.join(kernel.inputs) or '-'} writes {', '.join(kernel.outputs) or '-'}"
     ]
     for m in kernel.members:
-        what = m.kind if m.reduction is None else f"{m.kind} {m.reduction}"
+        detail = m.reduction or m.scan
+        what = m.kind if detail is None else f"{m.kind} {detail}"
         where = " over inner" if m.over_reduction else ""
         store = f" store [{m.index}]" if m.stored else " local"
         into = f" into {m.mutates}" if m.mutates else ""

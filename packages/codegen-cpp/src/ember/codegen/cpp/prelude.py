@@ -632,6 +632,24 @@ template <class T> inline bool arg_take_min(T x, T best, int64_t at) {
     return (at < 0) | ((best == best) & ((x < best) | (x != x)));
   else return (at < 0) | (x < best);
 }
+// Scan combiners (torch.cummax/cummin, logcumsumexp): a new element takes over when it
+// is NaN or when the running one is not NaN and the element is >= (<=) it, so ties go
+// to the last occurrence; log_add_exp is ATen's CPU combine of logcumsumexp (equal
+// infinities give that infinity, NaN propagates).
+template <class T> inline bool scan_take_max(T x, T s) {
+  if constexpr (std::is_floating_point_v<T>) return (x != x) | ((s == s) & (x >= s));
+  else return x >= s;
+}
+template <class T> inline bool scan_take_min(T x, T s) {
+  if constexpr (std::is_floating_point_v<T>) return (x != x) | ((s == s) & (x <= s));
+  else return x <= s;
+}
+template <class T> inline T log_add_exp(T x, T y) {
+  const T lo = (y != y) ? y : std::min(x, y);
+  const T hi = (y != y) ? y : std::max(x, y);
+  if (lo != hi || std::isfinite(lo)) return std::log1p(std::exp(lo - hi)) + hi;
+  return x;
+}
 template <class T> inline void welford_combine(T& mean, T& m2, T& n, T mean_b, T m2_b, T n_b) {
   if (n_b == T(0)) return;
   if (n == T(0)) { mean = mean_b; m2 = m2_b; n = n_b; return; }

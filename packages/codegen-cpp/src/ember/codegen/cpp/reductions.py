@@ -29,7 +29,8 @@ class ReductionRule:
     uniform_update: str = ""
 
 
-def _extreme(lowest: bool, dtype: torch.dtype, ctype: str) -> str:
+def extreme(lowest: bool, dtype: torch.dtype, ctype: str) -> str:
+    """The lowest (or highest) value of `dtype` as `ctype`: -inf/inf for floats."""
     if dtype == torch.bool:
         return "false" if lowest else "true"
     if dtype.is_floating_point:
@@ -68,9 +69,9 @@ def reduction_rule(kind: str, dtype: torch.dtype, ctype: str) -> ReductionRule |
     if kind == "prod":
         return _fold("{a} * {b}", "1")
     if kind == "max":
-        return _fold("ember::maximum({a}, {b})", _extreme(True, dtype, ctype))
+        return _fold("ember::maximum({a}, {b})", extreme(True, dtype, ctype))
     if kind == "min":
-        return _fold("ember::minimum({a}, {b})", _extreme(False, dtype, ctype))
+        return _fold("ember::minimum({a}, {b})", extreme(False, dtype, ctype))
     if kind == "any":
         return ReductionRule(
             fields=(("bool", "false"),),

@@ -24,6 +24,7 @@ from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
 from ember.codegen.cpp.prelude import PRELUDE
 from ember.codegen.cpp.reduction_loops import ReductionEmitter
+from ember.codegen.cpp.scan_loops import emit_scan
 from ember.codegen.cpp.transpose_loops import emit_transposed, transposed_dim
 from ember.scheduler import FusedKernel
 
@@ -92,6 +93,8 @@ def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
     e = Emitter(ctx)
     if kernel.is_scatter:
         emit_scatter(e)
+    elif kernel.is_scan:
+        emit_scan(e)
     elif kernel.is_reduction:
         ReductionEmitter(e).emit()
     elif (d := transposed_dim(kernel)) is not None:
@@ -140,6 +143,7 @@ def _summary(kernel: FusedKernel) -> str:
     if kernel.reduction_ranges:
         text += " over [" + ", ".join(str(r) for r in kernel.reduction_ranges) + "]"
     members = ", ".join(
-        f"{m.name} {m.reduction or m.kind}{'' if m.stored else ' (local)'}" for m in kernel.members
+        f"{m.name} {m.reduction or m.scan or m.kind}{'' if m.stored else ' (local)'}"
+        for m in kernel.members
     )
     return f"{text}: {members}"

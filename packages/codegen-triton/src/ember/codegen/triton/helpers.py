@@ -130,6 +130,40 @@ def ember_argmin_combine(a, a_index, b, b_index):
     take_b = (b < a) | (b_nan & ~a_nan) | (((b == a) | (a_nan & b_nan)) & (b_index < a_index))
     return tl.where(take_b, b, a), tl.where(take_b, b_index, a_index)
 """,
+    "ember_cummax_combine": """
+@triton.jit
+def ember_cummax_combine(a, a_index, b, b_index):
+    # torch.cummax's rule: NaN wins, then the larger value; ties (NaN against NaN
+    # included) go to the later index. Written symmetrically (the index decides, not
+    # the operand order), so tl.reduce may combine in any order; in scan order it is
+    # "take b when b is NaN or a is not and b >= a".
+    a_nan = a != a
+    b_nan = b != b
+    later = b_index > a_index
+    take_b = (b_nan & (~a_nan | later)) | (~a_nan & ~b_nan & ((b > a) | ((b == a) & later)))
+    return tl.where(take_b, b, a), tl.where(take_b, b_index, a_index)
+""",
+    "ember_cummin_combine": """
+@triton.jit
+def ember_cummin_combine(a, a_index, b, b_index):
+    a_nan = a != a
+    b_nan = b != b
+    later = b_index > a_index
+    take_b = (b_nan & (~a_nan | later)) | (~a_nan & ~b_nan & ((b < a) | ((b == a) & later)))
+    return tl.where(take_b, b, a), tl.where(take_b, b_index, a_index)
+""",
+    "ember_logaddexp_combine": """
+@triton.jit
+def ember_logaddexp_combine(a, b):
+    # torch.logcumsumexp's combine: log1p(exp(min - max)) + max; two equal infinities
+    # give that infinity (not NaN from inf - inf); NaN propagates
+    lo = tl.minimum(a, b)
+    hi = tl.maximum(a, b)
+    same_inf = (lo == hi) & ((lo == float("inf")) | (lo == float("-inf")))
+    out = libdevice.log1p(tl.exp(lo - hi)) + hi
+    out = tl.where(same_inf, a, out)
+    return tl.where((a != a) | (b != b), a + b, out)
+""",
     "ember_welford_combine": """
 @triton.jit
 def ember_welford_combine(mean_a, m2_a, count_a, mean_b, m2_b, count_b):

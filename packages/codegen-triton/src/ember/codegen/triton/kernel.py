@@ -22,6 +22,7 @@ from ember.codegen.triton.helpers import helper_source
 from ember.codegen.triton.plan import (
     POINTWISE,
     POINTWISE_2D,
+    SCANS,
     SCATTER,
     GridSpec,
     LaunchConfig,
@@ -32,6 +33,7 @@ from ember.codegen.triton.pointwise import render_pointwise, render_scatter
 from ember.codegen.triton.printer import UnsupportedKernelError, sanitize
 from ember.codegen.triton.reduction import ReductionRenderer
 from ember.codegen.triton.regroup import split_divided_variables
+from ember.codegen.triton.scan import ScanRenderer
 from ember.codegen.triton.skeleton import decorator, parameters, setup_axes
 from ember.scheduler import FusedKernel
 
@@ -107,6 +109,8 @@ def render_kernel(
         render_pointwise(positional, body, scope)
     elif plan.kind == SCATTER:
         render_scatter(positional, body, scope)
+    elif plan.kind in SCANS:
+        ScanRenderer(positional, plan, body).render(scope)
     else:
         ReductionRenderer(positional, plan, body).render(scope)
     function = re.sub(r"^k\d+_", "", sanitize(kernel.name)) or "kernel"
@@ -160,7 +164,7 @@ def _positional(kernel: FusedKernel) -> FusedKernel:
 
 def _summary(kernel: FusedKernel, kind: str) -> str:
     members = ", ".join(
-        f"{m.name}={m.reduction or m.kind}" + ("" if m.stored else " (local)")
+        f"{m.name}={m.reduction or m.scan or m.kind}" + ("" if m.stored else " (local)")
         for m in kernel.members
     )
     ranges = " x ".join(str(r) for r in kernel.ranges) or "1"

@@ -18,6 +18,11 @@ Kinds of kernel:
   (a column sum, or the partial step of a split one: [outputs x rows] tiles, the
   first COLUMN_XBLOCK outputs wide), XBLOCK = 1 with a long RBLOCK when along the row.
 - `scatter`: a pointwise kernel whose store index depends on data.
+- `persistent_scan`: block [XBLOCK, RBLOCK] with RBLOCK covering the whole (static,
+  at most PERSISTENT_SCAN_MAX) scanned row: one `tl.associative_scan` per member.
+- `looped_scan`: block [XBLOCK, RBLOCK], one loop along the row that carries each
+  member's running value from block to block. XBLOCK > 1 with a short RBLOCK when the
+  loads are contiguous along the outer variables (a cumsum over dim 0).
 
 Every grid is one-dimensional (CUDA limits the y and z axes to 65535 blocks): the
 program id is split into the axes' block numbers inside the kernel.
@@ -45,9 +50,15 @@ POINTWISE_2D = "pointwise_2d"
 PERSISTENT = "persistent_reduction"
 LOOPED = "looped_reduction"
 SCATTER = "scatter"
+PERSISTENT_SCAN = "persistent_scan"
+LOOPED_SCAN = "looped_scan"
+SCANS = (PERSISTENT_SCAN, LOOPED_SCAN)
 
 # Rows up to this many elements stay in registers (persistent reductions).
 PERSISTENT_MAX_RBLOCK = 8192
+# Scanned rows up to this many elements are scanned in registers at once (wider
+# scans spill: a scan keeps every partial value of the block live).
+PERSISTENT_SCAN_MAX = 1024
 # Below this extent a dimension is too short for a 2-D tile to pay.
 MIN_TILE_EXTENT = 16
 # Outputs per program of the first column-reduction config (what the scheduler's
@@ -357,6 +368,11 @@ def plan_kernel(kernel: FusedKernel, *, reduction: str | None = None) -> KernelP
     row = Axis("r", _reduction_vars(kernel), kernel.reduction_ranges)
     rnumel = _static(row.numel)
     rblock = 1 << max(rnumel - 1, 0).bit_length() if rnumel is not None else None
+    if kernel.is_scan:
+        limit = 64 if _outer_contiguous(kernel) else PERSISTENT_SCAN_MAX
+        if rblock is not None and rblock <= limit and reduction != "looped":
+            return KernelPlan(PERSISTENT_SCAN, (outer, row), index_type, rblock=rblock)
+        return KernelPlan(LOOPED_SCAN, (outer, row), index_type)
     limit = 256 if _outer_contiguous(kernel) else PERSISTENT_MAX_RBLOCK
     persistent = rblock is not None and rblock <= limit
     if reduction is not None:
@@ -494,6 +510,18 @@ def config_menu(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ..
             add(warps, XBLOCK=xb, RBLOCK=rblock)
             if warps == 8 and elements >= 4096:
                 add(16, XBLOCK=xb, RBLOCK=rblock)
+    elif plan.kind == PERSISTENT_SCAN:
+        rblock = plan.rblock
+        assert rblock is not None
+        for budget in (1024, 4096):
+            xb = max(1, min(budget // rblock, xcap))
+            add(4 if xb * rblock <= 2048 else 8, XBLOCK=xb, RBLOCK=rblock)
+    elif plan.kind == LOOPED_SCAN and _outer_contiguous(kernel):
+        for xb, rb, warps in ((COLUMN_XBLOCK, 16, 4), (32, 32, 4), (128, 8, 4)):
+            add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
+    elif plan.kind == LOOPED_SCAN:
+        for xb, rb, warps in ((1, 1024, 4), (1, 2048, 8), (2, 512, 4)):
+            add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
     elif _outer_contiguous(kernel):
         # [outputs x rows] tiles, loads contiguous along the outputs; narrow column
         # blocks keep enough programs busy when there are few columns (the scheduler

@@ -35,8 +35,11 @@ _XR = frozenset({"x", "r"})
 _X = frozenset({"x"})
 
 
-def _identity(kind: str, dtype: torch.dtype) -> str:
-    """The neutral element of `kind` over `dtype` (what masked lanes contribute)."""
+def identity(kind: str, dtype: torch.dtype) -> str:
+    """The neutral element of `kind` over `dtype` (what masked lanes contribute); the
+    scan kinds (ember.ir.loops.SCAN_KINDS) too."""
+    if kind == "logsumexp":
+        return float_literal(float("-inf"))
     if kind in ("sum", "welford", "any"):
         return "0"
     if kind in ("prod", "all"):
@@ -169,7 +172,7 @@ class ReductionRenderer:
         kind = m.reduction or ""
         value = self.body.render(m.body, scope).name
         dtype = m.body.dtype
-        ident = _identity(kind, dtype)
+        ident = identity(kind, dtype)
         masked = f"tl.where(xmask & rmask, {value}, {ident})"
         name = _var(m.name)
         if kind == "sum":
@@ -236,7 +239,7 @@ class ReductionRenderer:
         acc = f"{_var(m.name)}_acc"
         reg = register_type(dtype)
         shape = "[XBLOCK, RBLOCK]"
-        ident = _identity(kind, dtype)
+        ident = identity(kind, dtype)
         masked = f"tl.where(xmask & rmask, {value}, {ident})"
         if kind == "sum":
             outer.emit(f"{acc} = tl.full({shape}, 0, {reg})")

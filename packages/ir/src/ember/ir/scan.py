@@ -1,0 +1,113 @@
+"""Lowerings of cumulative ops: cumsum, cumprod, logcumsumexp, cummax and cummin.
+
+Each becomes a `Scan` (ember.ir.loops): one pass along the scanned dimension that
+carries the running value, linear in its length. The input is not stored first: its
+producer's body is inlined into the scan body, as for reductions.
+
+The running value is carried in the type eager accumulates in, which depends on the
+device: on the CPU float32 scans run in float64 (ATen's CPU `acc_type`), on CUDA in
+float32; float16/bfloat16 run in float32 everywhere; integer and bool cumsum/cumprod
+give int64. The stored result is the node's own dtype. cumsum/cumprod with `dtype=`
+convert the input to that dtype first, as eager does, then accumulate.
+
+cummax/cummin are two scans over the same input, the values and the indices, which
+the scheduler runs in one kernel.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+import torch.fx
+
+from ember.ir.layout import Layout
+from ember.ir.loops import Scan
+from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
+from ember.ir.symbolic import index_var
+from ember.ir.tensor import LazyTensor, cast, const
+from ember.ir.views import norm_dim
+
+aten = torch.ops.aten
+
+
+def carried_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype eager carries a running sum, product or logsumexp of `dtype` in."""
+    if dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    if dtype == torch.float32 and device.type == "cpu":
+        return torch.float64
+    if not dtype.is_floating_point:
+        return torch.int64
+    return dtype
+
+
+def scan(
+    lowering: GraphLowering,
+    source: LazyTensor,
+    dim: int,
+    kind: str,
+    carried: torch.dtype,
+    stored: torch.dtype,
+) -> LazyTensor:
+    """Store the `kind` scan of `source` along `dim`, carried as `carried`, stored as
+    `stored` in a contiguous buffer of `source`'s sizes."""
+    ranges = tuple(s for d, s in enumerate(source.size) if d != dim)
+    index: list[sympy.Expr] = []
+    for d in range(source.ndim):
+        index.append(index_var("r", 0) if d == dim else index_var("i", d - (d > dim)))
+    body = cast(source.loader(index), carried)
+    loop = Scan(ranges, source.size[dim], dim, kind, body, stored)
+    ref = lowering.store(loop, Layout.contiguous(source.device, stored, source.size))
+    return lowering.tensor(ref)
+
+
+def _source(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, int | None]:
+    """The input and the normalised dim (None for a 0-d input, where every cumulative
+    op is the element itself)."""
+    source = lowering.tensor(node.args[0])
+    if source.dtype.is_complex:
+        raise NotLowerable("a scan of complex values")
+    if source.ndim == 0:
+        norm_dim(int_arg(node.args[1]), 1)  # eager accepts dim 0 and -1 only
+        return source, None
+    return source, norm_dim(int_arg(node.args[1]), source.ndim)
+
+
+def _as(value: LazyTensor, dtype: torch.dtype) -> LazyTensor:
+    load = value.loader
+    return LazyTensor(value.device, dtype, value.size, lambda index: cast(load(index), dtype))
+
+
+@register_lowering(aten.cumsum.default, aten.cumprod.default)
+def lower_cumsum(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    source, dim = _source(lowering, node)
+    stored = lowering.out_val(node).dtype  # int64 for integer and bool inputs
+    source = _as(source, stored)  # `dtype=` converts before accumulating
+    if dim is None:
+        return source
+    kind = "sum" if node.target is aten.cumsum.default else "prod"
+    return scan(lowering, source, dim, kind, carried_dtype(stored, source.device), stored)
+
+
+@register_lowering(aten.logcumsumexp.default)
+def lower_logcumsumexp(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    source, dim = _source(lowering, node)
+    stored = lowering.out_val(node).dtype
+    if not stored.is_floating_point:
+        raise NotLowerable(f"logcumsumexp of {stored}")
+    source = _as(source, stored)
+    if dim is None:
+        return source
+    return scan(lowering, source, dim, "logsumexp", carried_dtype(stored, source.device), stored)
+
+
+@register_lowering(aten.cummax.default, aten.cummin.default)
+def lower_cummax(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, LazyTensor]:
+    source, dim = _source(lowering, node)
+    if dim is None:
+        zero = const(0, torch.int64)
+        return source, LazyTensor(source.device, torch.int64, source.size, lambda index: zero)
+    kind = "max" if node.target is aten.cummax.default else "min"
+    values = scan(lowering, source, dim, kind, source.dtype, source.dtype)
+    indices = scan(lowering, source, dim, "arg" + kind, source.dtype, torch.int64)
+    return values, indices

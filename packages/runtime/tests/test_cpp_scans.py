@@ -1,0 +1,145 @@
+"""Compiled C++ scan kernels (cumsum, cumprod, logcumsumexp, cummax, cummin) against
+the IR interpreter and eager: rows and columns, int and bool, half types, NaN and ties,
+strided inputs, empty and symbolic sizes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from cpp_harness import Case, exact_evaluate, run_compiled, trace
+
+from ember.ir import run_program
+from ember.runtime.cpp_kernels import compile_cpp_kernels
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _ties_and_nans() -> torch.Tensor:
+    x = torch.randint(0, 4, (70, 90)).float()  # many ties
+    x[3, 10] = x[5, 0] = x[5, 60] = x[40, 89] = NAN
+    x[7, :] = -INF
+    x[8, ::2] = -0.0
+    return x
+
+
+def _lse_edges() -> torch.Tensor:
+    x = torch.randn(6, 100) * 30
+    x[0, :4] = -INF
+    x[1, 10] = INF
+    x[1, 20] = INF
+    x[2, 50] = NAN
+    x[3, :] = -INF
+    return x
+
+
+CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
+    "rows": (
+        lambda x: (x.cumsum(1), x.cumsum(-1, dtype=torch.float64)),
+        (torch.randn(33, 517),),
+        False,
+    ),
+    # x * 0.01 + 1 may compile to one fused multiply-add: not bit for bit
+    "products": (lambda x: (x * 0.01 + 1).cumprod(-1), (torch.randn(33, 517),), False),
+    "columns": (lambda x: (x.cumsum(0), torch.cummax(x, 0)), (torch.randn(300, 130),), False),
+    "middle": (lambda x: (x.cumsum(1), torch.cummin(x, 1)), (torch.randn(5, 40, 70),), False),
+    "long_1d": (lambda x: x.cumsum(0), (torch.randn(100_000),), False),
+    "ties_nans": (
+        lambda x: (torch.cummax(x, 1), torch.cummin(x, 1), torch.cummax(x, 0), torch.cummin(x, 0)),
+        (_ties_and_nans(),),
+        False,
+    ),
+    "logcumsumexp": (
+        lambda x: (torch.logcumsumexp(x, 1), torch.logcumsumexp(x, 0)),
+        (_lse_edges(),),
+        False,
+    ),
+    "ints": (
+        lambda x: (x.cumsum(1), x.cumprod(0), torch.cummax(x, 1), torch.cummin(x, 0)),
+        (torch.randint(-3, 4, (20, 30), dtype=torch.int32),),
+        False,
+    ),
+    "bools": (
+        lambda x: ((x > 0).cumsum(1), torch.cummax(x > 0, 1), torch.cummin(x > 0, 0)),
+        (torch.randn(20, 70),),
+        False,
+    ),
+    "half": (
+        lambda x: (x.cumsum(1), torch.logcumsumexp(x, 1), torch.cummax(x, 0)),
+        (torch.randn(8, 300).to(torch.bfloat16),),
+        False,
+    ),
+    "strided": (
+        lambda x: (x.transpose(0, 1).cumsum(0), x[:, ::3].cumprod(1), torch.cummax(x.t(), 1)),
+        (torch.randn(64, 96),),
+        False,
+    ),
+    "empty": (lambda x: (x.cumsum(1), torch.cummax(x, 0)), (torch.randn(0, 9),), False),
+    "dynamic": (lambda x: (x.cumsum(1), torch.cummax(x, 0)), (torch.randn(6, 50),), True),
+}
+OTHER_INPUTS = {"dynamic": [(torch.randn(3, 700),), (torch.randn(100, 1),)]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _patched_ir_evaluate() -> Iterator[None]:
+    """As in test_cpp_kernels: run_program on symbolic programs needs exact bindings."""
+    modules = [sys.modules["ember.ir.evaluate"], sys.modules["ember.ir.interpreter"]]
+    saved = [m.evaluate for m in modules]  # type: ignore[attr-defined]
+    for m in modules:
+        m.evaluate = exact_evaluate  # type: ignore[attr-defined]
+    yield
+    for m, original in zip(modules, saved, strict=True):
+        m.evaluate = original  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def traced(_patched_ir_evaluate: None) -> dict[str, Case]:
+    return {name: trace(name, fn, args, symbolic=sym) for name, (fn, args, sym) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def compiled(traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    kernels = [k for case in traced.values() for k in case.kernels]
+    return compile_cpp_kernels(kernels, cache_dir=tmp_path_factory.mktemp("cpp-scan-cache"))
+
+
+def _leaves(tree: Any) -> list[Any]:
+    if isinstance(tree, (list, tuple)):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    return [tree]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scan_kernels_match_interpreter_and_eager(
+    name: str, traced: dict[str, Case], compiled: dict[str, Any]
+) -> None:
+    case = traced[name]
+    assert case.kernels and all(k.is_scan for k in case.kernels)
+    for args in [case.args, *OTHER_INPUTS.get(name, [])]:
+        got = _leaves(run_compiled(case, compiled, args))
+        oracle = _leaves(run_program(case.program, [a.clone() for a in args]))
+        eager = _leaves(case.fn(*[a.clone() for a in args]))
+        for g, o, e in zip(got, oracle, eager, strict=True):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            # float32 sums carry float64 as eager's CPU kernel does: the same numbers
+            exact = not g.dtype.is_floating_point or name in ("rows", "columns", "long_1d")
+            tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-5}
+            if g.dtype == torch.bfloat16:
+                tol = {"rtol": 1e-2, "atol": 1e-2}
+            torch.testing.assert_close(g, o, equal_nan=True, **tol)  # type: ignore[arg-type]
+            torch.testing.assert_close(g, e, equal_nan=True, **tol)  # type: ignore[arg-type]
+
+
+def test_sibling_scans_share_one_kernel_and_column_scans_use_lanes(
+    traced: dict[str, Case],
+) -> None:
+    from ember.codegen.cpp import render_kernel
+
+    (kernel,) = traced["columns"].kernels  # the cumsum, cummax's values and indices
+    assert [m.scan for m in kernel.members] == ["sum", "max", "argmax"]
+    text = render_kernel(kernel)[0]
+    assert "#pragma omp simd" in text and "s_buf1[64]" in text  # 64 columns as lanes
+    assert text.count("for (int64_t r0 = 0; r0 < 300; ++r0)") == 1  # one walk, linear
