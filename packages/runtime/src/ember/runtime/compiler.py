@@ -44,7 +44,7 @@ from ember.runtime.kernels import (
 )
 from ember.runtime.layouts import input_records
 from ember.runtime.loader import load_module, write_source
-from ember.runtime.logs import setup_logging
+from ember.runtime.logs import setup_logging, trace_artifact, tracing
 from ember.runtime.wrapper import generate_wrapper
 from ember.scheduler import Schedule, schedule_program
 
@@ -163,6 +163,8 @@ def compile_graph(
             for name, value in artifact.extra.get("record", {}).items():
                 setattr(record, name, value)
             record.wrapper_path = artifact.source_path
+            # the stages did not run: the trace gets what the cache holds, the wrapper
+            trace_artifact(f"ember_{graph_name}_wrapper", lambda: artifact.wrapper.source)
             return _finish(guarded, artifact, eager_gm, record, static_inputs, lend_outputs_from)
 
     stage = "passes"
@@ -173,6 +175,7 @@ def compile_graph(
             )
             gm, report = pipeline.run(gm)
             log.debug("%s", report.format())
+        trace_artifact(f"ember_{graph_name}_passes", lambda: _passes_text(gm, report.format()))
         devices = _devices(gm)
         loops = wants_loops(devices, config.kernels)
         stage = "lowering"
@@ -195,7 +198,7 @@ def compile_graph(
                 source_path=path,
             )
             guarded = runner(artifact, module)
-        _dump(debug, "wrapper.py", lambda: wrapper.source)
+        _dump(debug, "wrapper.py", lambda: wrapper.source, graph_name)
     except EmberConfigError:
         raise  # a setting changed mid-compile: running eagerly would hide it
     except Exception as exc:
@@ -279,10 +282,10 @@ def _build(
         )
         program = lower_graph(gm, name=name, options=options)
         verify(program)
-    _dump(debug, "ir.txt", lambda: format_program(program))
+    _dump(debug, "ir.txt", lambda: format_program(program), name)
     with _timed(record, "scheduling"):
         schedule = schedule_program(program, scheduling_choices(devices))
-    _dump(debug, "schedule.txt", schedule.format)
+    _dump(debug, "schedule.txt", schedule.format, name)
     if not schedule.kernels:
         return program, schedule, {}
     try:
@@ -303,20 +306,34 @@ def _build(
         )
         record.kernel_fallback = f"{type(exc).__name__}: {exc}"
         return program, schedule, None
-    if debug is not None:
-        _dump_cpp_source(debug, launchers)
+    if debug is not None or tracing():
+        _dump_kernel_source(debug, launchers, name)
     return program, schedule, launchers
 
 
-def _dump_cpp_source(debug: Path, launchers: dict[str, Launcher]) -> None:
-    """The translation unit of the graph's C++ kernels as `kernels.cpp` (the cache keeps
-    it too, but under a hashed name beside its library)."""
+def _dump_kernel_source(debug: Path | None, launchers: dict[str, Launcher], graph: str) -> None:
+    """The graph's generated kernels: the translation unit of its C++ kernels as
+    `kernels.cpp` (the cache keeps it too, but under a hashed name beside its library),
+    its Triton kernels' modules as `kernels_triton.py`."""
     from ember.runtime.cpp_kernels import CppKernel
 
     kernels = [k for k in launchers.values() if isinstance(k, CppKernel)]
     units = {id(k.unit): k.unit.source.source for k in kernels}
     if units:
-        _dump(debug, "kernels.cpp", lambda: "\n".join(units.values()))
+        _dump(debug, "kernels.cpp", lambda: "\n".join(units.values()), graph)
+    triton = {
+        name: launcher.kernel.source
+        for name, launcher in launchers.items()
+        if hasattr(launcher, "kernel") and isinstance(getattr(launcher.kernel, "source", None), str)
+    }
+    if triton:
+        text = "\n\n".join(f"# kernel {name}\n{source}" for name, source in triton.items())
+        _dump(debug, "kernels_triton.py", lambda: text, graph)
+
+
+def _passes_text(gm: torch.fx.GraphModule, report: str) -> str:
+    """The graph after the passes, as Python, and what each pass did."""
+    return f"{gm.print_readable(print_output=False)}\n\n# passes\n{report}"
 
 
 def _devices(gm: torch.fx.GraphModule) -> set[torch.device]:
@@ -440,8 +457,13 @@ class _timed:
         self.record.stage_seconds[self.stage] = time.perf_counter() - self.start
 
 
-def _dump(directory: Path | None, filename: str, text: Callable[[], str]) -> None:
-    if directory is None:
+def _dump(directory: Path | None, filename: str, text: Callable[[], str], graph: str) -> None:
+    """A stage's output: written to the graph's debug directory (EMBER_DEBUG_DIR) and
+    to TORCH_TRACE as the artifact `ember_<graph>_<stage>` (ember.runtime.logs)."""
+    if directory is None and not tracing():
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / filename).write_text(text())
+    content = text()
+    trace_artifact(f"ember_{graph}_{filename.rsplit('.', 1)[0]}", lambda: content)
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / filename).write_text(content)
