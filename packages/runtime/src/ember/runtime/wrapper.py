@@ -140,7 +140,7 @@ def generate_wrapper(
         if isinstance(step, KernelStep):
             body += _kernel_lines(w, step.kernel)
         elif isinstance(step, ExternCall):
-            body.append(_extern_line(w, step.node))
+            body.append(_extern_line(w, step.node) + _from(step.origins))
             node = step.node
             if isinstance(node.symbol, sympy.Symbol):
                 bound.add(node.symbol)
@@ -221,8 +221,13 @@ def _allocation_line(w: _Writer, allocation: Allocation) -> str:
 def _kernel_lines(w: _Writer, kernel: FusedKernel) -> list[str]:
     lines = [f"{m.name} = {m.mutates}" for m in kernel.members if m.mutates is not None]
     args = [*kernel.buffer_arguments(), *(pyexpr(s) for s in kernel.size_arguments())]
-    lines.append(f"{kernel.name}({', '.join(args)})")
+    lines.append(f"{kernel.name}({', '.join(args)}){_from(kernel.origins)}")
     return lines
+
+
+def _from(origins: tuple[str, ...]) -> str:
+    """A line's provenance comment: the FX nodes it computes."""
+    return f"  # from {', '.join(origins)}" if origins else ""
 
 
 def _seed_line(w: _Writer, schedule: Schedule) -> str:

@@ -12,6 +12,7 @@ from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import (
     Allocation,
     ExternCall,
+    FusionNote,
     KernelStep,
     MemoryPlan,
     Schedule,
@@ -30,6 +31,7 @@ __all__ = [
     "DeviceChoices",
     "ExternCall",
     "FusedKernel",
+    "FusionNote",
     "KernelMember",
     "KernelStep",
     "MemoryPlan",
