@@ -44,6 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ember.runtime.bench import add_arguments, run_cli
 
     add_arguments(bench)
+    explain = commands.add_parser(
+        "explain",
+        help="each compiled graph's kernels and ATen calls, the FX nodes each came from, "
+        "bytes, and with EMBER_PROFILE=1 times and distance from the roof",
+    )
+    from ember.runtime.explain import add_arguments as add_explain_arguments
+
+    add_explain_arguments(explain)
     commands.add_parser(
         "config",
         help="print ember's settings and the EMBER_* variables (exit status 1 if one is invalid)",
@@ -68,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(args.device)
     if args.command == "bench":
         return run_cli(args)
+    if args.command == "explain":
+        from ember.runtime.explain import run_cli as run_explain_cli
+
+        return run_explain_cli(args)
     if args.command == "config":
         # bad values are listed, marked, not raised: this is where one looks for them
         print(config.describe())

@@ -11,6 +11,7 @@ so a compiler bug never takes the user's program down. A bad setting
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 import weakref
@@ -35,6 +36,8 @@ from ember.ir import (
 from ember.runtime import compile_cache
 from ember.runtime.artifact import Artifact, runner
 from ember.runtime.config import EmberConfigError, config
+from ember.runtime.debug import repro_source, run_directory
+from ember.runtime.explain import EXPLAIN_FILE, matmul_dtypes, schedule_summary
 from ember.runtime.kernels import (
     Launcher,
     compile_kernels,
@@ -45,8 +48,9 @@ from ember.runtime.kernels import (
 from ember.runtime.layouts import input_records
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging, trace_artifact, tracing
+from ember.runtime.profiling import StepTimer
 from ember.runtime.wrapper import generate_wrapper
-from ember.scheduler import Schedule, schedule_program
+from ember.scheduler import ExternCall, Schedule, schedule_program
 
 log = logging.getLogger("ember.runtime")
 _graph_ids = itertools.count()
@@ -143,9 +147,11 @@ def compile_graph(
     record = CompileRecord(graph_name)
     compile_records.append(record)
     debug_root = config.debug_dir
-    debug = debug_root / graph_name if debug_root is not None else None
+    debug = run_directory(debug_root) / graph_name if debug_root is not None else None
     record.debug_dir = debug
     eager_gm, gm = gm, _copy_graph_module(gm)  # passes rewrite the copy; eager keeps the original
+    if debug is not None:  # first: a graph that fails to compile needs it most
+        _dump(debug, "repro.py", lambda: repro_source(eager_gm, example_inputs, graph_name), "")
 
     key = None
     if compile_cache.enabled() and debug is None:  # a debug dump shows every stage run
@@ -186,7 +192,8 @@ def compile_graph(
             )
         stage = "wrapper"
         with _timed(record, stage):
-            wrapper = generate_wrapper(schedule, launchers)
+            timer = _step_timer(graph_name, debug, schedule) if debug and config.profile else None
+            wrapper = generate_wrapper(schedule, launchers, timer)
             path = write_source(config.cache_dir / "wrappers", wrapper.source)
             module = load_module(path, {})
             artifact = Artifact(
@@ -210,6 +217,7 @@ def compile_graph(
         return CompiledGraph(_eager_runner(eager_gm), record)
 
     _fill_record(record, program, schedule, path)
+    _dump(debug, EXPLAIN_FILE, lambda: json.dumps(schedule_summary(schedule), indent=1), graph_name)
     log.info(
         "compiled %s: %d kernels, %d steps, %.1f ms, wrapper %s",
         graph_name,
@@ -336,6 +344,17 @@ def _passes_text(gm: torch.fx.GraphModule, report: str) -> str:
     return f"{gm.print_readable(print_output=False)}\n\n# passes\n{report}"
 
 
+def _step_timer(graph: str, debug: Path, schedule: Schedule) -> StepTimer:
+    """The timer of a profiled graph (EMBER_PROFILE): every step that runs device code."""
+    steps = {i: s.name for i, s in enumerate(schedule.steps) if s.launches_kernel}
+    devices = [k.device for k in schedule.kernels]
+    for step in schedule.steps:
+        if isinstance(step, ExternCall):
+            devices += [o.device for o in step.node.outputs if o is not None]
+    device = next((d for d in devices if d.type == "cuda"), torch.device("cpu"))
+    return StepTimer(graph, debug, steps, device, matmul_dtypes(schedule))
+
+
 def _devices(gm: torch.fx.GraphModule) -> set[torch.device]:
     devices: set[torch.device] = set()
     for node in gm.graph.nodes:
@@ -400,6 +419,9 @@ def _graphed(
     (ember.runtime.cudagraphs); `record.cudagraphs` says what happened. Whether the
     graph can be recorded goes into `artifact`'s manifest, for a loaded copy."""
     setting = config.cudagraphs
+    if config.profile and config.debug_dir is not None:
+        record.cudagraphs = "off: EMBER_PROFILE times each step"
+        return call
     if not any(
         isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_cuda
         for n in gm.graph.nodes
@@ -460,10 +482,12 @@ class _timed:
 def _dump(directory: Path | None, filename: str, text: Callable[[], str], graph: str) -> None:
     """A stage's output: written to the graph's debug directory (EMBER_DEBUG_DIR) and
     to TORCH_TRACE as the artifact `ember_<graph>_<stage>` (ember.runtime.logs)."""
-    if directory is None and not tracing():
+    traced = tracing() and bool(graph)  # `graph` empty: for the debug directory only
+    if directory is None and not traced:
         return
     content = text()
-    trace_artifact(f"ember_{graph}_{filename.rsplit('.', 1)[0]}", lambda: content)
+    if traced:
+        trace_artifact(f"ember_{graph}_{filename.rsplit('.', 1)[0]}", lambda: content)
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / filename).write_text(content)

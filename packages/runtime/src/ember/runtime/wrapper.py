@@ -104,12 +104,16 @@ class _Writer:
 
 
 def generate_wrapper(
-    schedule: Schedule, launchers: Mapping[str, Callable[..., None]] | None = None
+    schedule: Schedule,
+    launchers: Mapping[str, Callable[..., None]] | None = None,
+    timer: Any = None,
 ) -> WrapperSource:
     """The wrapper module's source for `schedule`.
 
     `launchers` maps each fused kernel's name to its compiled launcher, called with
     the kernel's buffer arguments then its size arguments (FusedKernel's contract).
+    `timer` (ember.runtime.profiling.StepTimer, EMBER_PROFILE) is called around the
+    whole call and around each step that runs device code.
     """
     program = schedule.program
     w = _Writer()
@@ -127,6 +131,9 @@ def generate_wrapper(
     if names:
         body.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
     body.append("args.clear()")
+    clock = w.inject("timer", timer) if timer is not None else None
+    if clock is not None:
+        body.append(f"{clock}.call_begin()")
     bound: set[sympy.Symbol] = set()
     body += _bind_symbols(schedule, bound)
     if schedule.memory.frees_at_entry:
@@ -137,6 +144,9 @@ def generate_wrapper(
         zip(schedule.steps, schedule.memory.frees_after, strict=True)
     ):
         body += [_allocation_line(w, a) for a in schedule.memory.allocations[index]]
+        timed = clock is not None and step.launches_kernel
+        if timed:
+            body.append(f"{clock}.begin({index})")
         if isinstance(step, KernelStep):
             body += _kernel_lines(w, step.kernel)
         elif isinstance(step, ExternCall):
@@ -151,9 +161,13 @@ def generate_wrapper(
             body.append(f"{step.node.name} = {step.node.source}[{step.node.index}]")
             what = f"output {step.node.index} of {step.node.source}"
             body += _layout_check(w, step.node.name, step.node.layout, bound, what)
+        if timed:
+            body.append(f"{clock}.end({index})")
         if frees:
             body.append(f"del {', '.join(frees)}")
     outputs = [w.arg(o) for o in program.outputs]
+    if clock is not None:
+        body.append(f"{clock}.call_end()")
     body.append(f"return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
 
     at_load = [*(k.name for k in schedule.kernels), *constants, *w.live]

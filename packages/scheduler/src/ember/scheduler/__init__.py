@@ -20,7 +20,7 @@ from ember.scheduler.schedule import (
     Step,
 )
 from ember.scheduler.scheduler import schedule_program
-from ember.scheduler.traffic import kernel_bytes, unfused_bytes
+from ember.scheduler.traffic import computed_bytes, is_static, kernel_bytes, unfused_bytes
 
 __all__ = [
     "DEFAULT_CHOICES",
@@ -38,6 +38,8 @@ __all__ = [
     "Schedule",
     "SelectOutput",
     "Step",
+    "computed_bytes",
+    "is_static",
     "kernel_bytes",
     "plan_memory",
     "run_kernel",
