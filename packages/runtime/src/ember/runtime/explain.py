@@ -414,12 +414,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "directory",
         type=Path,
-        help="an EMBER_DEBUG_DIR (its latest run), a run's directory, or a graph's",
+        nargs="?",
+        help="an EMBER_DEBUG_DIR (its latest run), a run's directory, or a graph's; "
+        "with --model, where to write the dump (default: a temporary directory)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="compile and profile a model of `ember bench --list` first (one command: "
+        "e.g. --model transformer_block)",
+    )
+    parser.add_argument("--device", default="cpu", help="with --model: cpu or cuda")
+    parser.add_argument("--calls", type=int, default=20, help="with --model: calls timed")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="with --model: CPU threads (default 1 on the CPU, as `ember bench`: on a "
+        "shared machine every parallel region waits for a busy core; 0: torch's default)",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
 
 
+def profile_model(name: str, device: str, calls: int, directory: Path) -> None:
+    """Compile the bench registry's model `name` for inference on `device` with its
+    debug dump in `directory`, every step timed, and call it `calls` + 1 times."""
+    from ember.runtime.bench.measure import prepare
+    from ember.runtime.config import config
+    from ember.runtime.profiling import write_profiles
+
+    dev = torch.device(device)
+    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    model, inputs = prepare(name, dev, dtype)
+    with config.scope(debug_dir=directory, profile=True), torch.no_grad():
+        compiled = torch.compile(model.eval(), backend="ember")
+        for _ in range(calls + 1):  # the first call is not timed
+            compiled(*inputs)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    write_profiles()
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        import tempfile
+
+        from ember.runtime.bench.registry import MODELS
+
+        if args.model not in MODELS:
+            print(f"ember explain: unknown model {args.model!r}; `ember bench --list`")
+            return 2
+        threads = args.threads if args.threads is not None else int(args.device == "cpu")
+        if threads:
+            torch.set_num_threads(threads)
+        directory = args.directory or Path(tempfile.mkdtemp(prefix="ember-explain-"))
+        profile_model(args.model, args.device, args.calls, directory)
+        args.directory = directory
+    if args.directory is None:
+        print("ember explain: give a debug directory, or --model NAME")
+        return 2
     explanations = explain(args.directory)
     if args.json:
         print(json.dumps([_jsonable(e) for e in explanations], indent=1))
