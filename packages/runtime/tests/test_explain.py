@@ -121,3 +121,19 @@ def test_each_process_dumps_into_a_run_of_its_own_and_repro_scripts_run(tmp_path
     assert "ember matches eager" in done.stdout
     (graph,) = explain(tmp_path / "debug")  # the root: its latest run
     assert graph.directory.parent.name == (tmp_path / "debug" / "LATEST").read_text().strip()
+
+
+def test_one_command_compiles_profiles_and_explains_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = torch.get_num_threads()
+    try:
+        assert main(["explain", "--model", "mlp", "--calls", "3", str(tmp_path / "d")]) == 0
+    finally:
+        torch.set_num_threads(saved)
+    out = capsys.readouterr().out
+    assert "of roof" in out and "addmm" in out and "%" in out
+    (graph,) = explain(tmp_path / "d")
+    assert graph.profiled_calls == 3 and all(
+        r.ms is not None for r in graph.rows if r.kind in ("kernel", "extern")
+    )
