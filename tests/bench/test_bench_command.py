@@ -29,7 +29,11 @@ def test_bench_command_runs_and_writes_records_and_a_chart(
     argv = ["bench", "--models", "softmax_chain", "--modes", "train", "--backends", "eager,ember"]
     argv += ["--runs", "2", "--json", str(out), "--plot", str(chart)]
     assert main(argv) == 0
-    records = json.loads(out.read_text())
+    document = json.loads(out.read_text())
+    records = document["records"]
+    versions = document["environment"]["versions"]
+    assert versions["torch"] == torch.__version__ and versions["ember-runtime"]
+    assert document["environment"]["device_name"] and document["environment"]["cpu"]
     assert [r["backend"] for r in records] == ["eager", "ember"]
     assert set(records[0]) >= REQUIRED_FIELDS
     ember = records[1]
@@ -37,6 +41,9 @@ def test_bench_command_runs_and_writes_records_and_a_chart(
     assert ember["matches_eager"] is True and ember["max_abs_err"] < 1e-4
     assert ember["compile_cold_s"] > 0 and ember["compile_warm_s"] > 0 and ember["ms"] > 0
     assert ember["kernels"] > 0 and ember["speedup_vs_eager"] > 0
+    # CPU peak memory is tensor allocations during one call: a training step of this
+    # block allocates activations and gradients, far less than a process's resident set
+    assert 0 < records[0]["peak_mem_bytes"] < 64 * 2**20
     table = capsys.readouterr().out
     assert "softmax_chain  train" in table and "speedup" in table
     assert chart.read_bytes()[:4] == b"\x89PNG"

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from ember.runtime.cli import main
@@ -50,3 +53,42 @@ def test_table_aligns_columns() -> None:
     lines = text.splitlines()
     assert len({len(line) for line in lines[1:]}) == 1
     assert lines[2].endswith(" 1.5")
+
+
+def test_version_names_every_ember_package_torch_and_triton(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import torch
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    lines = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines())
+    for layer in ("graphpasses", "ir", "scheduler", "codegen-triton", "codegen-cpp", "runtime"):
+        assert lines[f"ember-{layer}"].strip() == "0.2.0"
+    assert lines["torch"].strip() == torch.__version__
+    assert "triton" in lines
+
+
+def test_bench_exits_nonzero_when_a_measurement_did_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "records.json"
+    argv = ["bench", "--models", "mlp", "--modes", "inference", "--backends", "eager,ember"]
+    assert main([*argv, "--time-limit", "0", "--json", str(out)]) == 1
+    assert "mlp inference ember: not run" in capsys.readouterr().err
+    document = json.loads(out.read_text())
+    assert [r["error"] for r in document["records"]] == ["not run: --time-limit reached"] * 2
+    about = document["environment"]
+    assert about["device"] == "cpu" and about["cpu"] and about["options"]["models"] == ["mlp"]
+    assert set(about["versions"]) >= {"torch", "triton", "ember-runtime", "ember-ir"}
+
+
+def test_unmeasured_counts_failures_skips_and_mismatches() -> None:
+    from ember.runtime.bench.harness import BenchRecord, unmeasured
+
+    good = BenchRecord("m", "inference", "cpu", "float32", "ember", ms=1.0, matches_eager=True)
+    wrong = BenchRecord("m", "train", "cpu", "float32", "ember", ms=1.0, matches_eager=False)
+    failed = BenchRecord("m", "train", "cpu", "float32", "eager", error="cold: boom")
+    silent = BenchRecord("n", "train", "cpu", "float32", "eager")  # no time, no error
+    assert unmeasured([good, wrong, failed, silent]) == [wrong, failed, silent]

@@ -1,4 +1,5 @@
 // k0_red_sum: [64] over [100]: buf0 sum
+// from FX nodes: sum_1
 extern "C" void k0_red_sum(const float* __restrict__ in_x_1, float* __restrict__ out_buf0) {
   const int64_t ember_blocks = (64 + ember::kColumnLanes - 1) / ember::kColumnLanes;
   const int64_t ember_outer = ember_blocks;

@@ -1,4 +1,5 @@
 // k0_scan_cummax: [64] over [100]: buf0 max, buf1 argmax
+// from FX nodes: cummax
 extern "C" void k0_scan_cummax(const float* __restrict__ in_x_1, float* __restrict__ out_buf0, int64_t* __restrict__ out_buf1) {
   const int64_t ember_blocks = (64 + 64 - 1) / 64;
   for (int64_t ibk = 0; ibk < ember_blocks; ++ibk) {

@@ -1,4 +1,5 @@
 // k0_scan_cumsum: [64] over [4096]: buf0 sum
+// from FX nodes: cumsum
 extern "C" void k0_scan_cumsum(const float* __restrict__ in_x_1, float* __restrict__ out_buf0) {
   #pragma omp parallel for
   for (int64_t i0 = 0; i0 < 64; ++i0) {

@@ -1,4 +1,5 @@
 // k0_pw_index_put: [20]: buf0 pointwise
+// from FX nodes: index_put
 extern "C" void k0_pw_index_put(const float* __restrict__ in_x_1, float* __restrict__ out_buf0) {
   #pragma omp simd
   for (int64_t i0 = 0; i0 < 20; ++i0) {
@@ -8,6 +9,7 @@ extern "C" void k0_pw_index_put(const float* __restrict__ in_x_1, float* __restr
 }
 
 // k1_scatter_index_put: [3, 4]: buf1 scatter
+// from FX nodes: index_put
 extern "C" void k1_scatter_index_put(float* __restrict__ out_buf0, const int64_t* __restrict__ in_i_1, const float* __restrict__ in_v_1, float* __restrict__ out_buf1, int64_t* __restrict__ ember_error) {
   for (int64_t i0 = 0; i0 < 3; ++i0) {
     for (int64_t i1 = 0; i1 < 4; ++i1) {

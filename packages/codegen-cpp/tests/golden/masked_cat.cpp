@@ -1,5 +1,6 @@
-// k0_pw_output: [4, 8]: buf0 pointwise
-extern "C" void k0_pw_output(const float* __restrict__ in_x_1, const float* __restrict__ in_y_1, float* __restrict__ out_buf0) {
+// k0_pw_cat: [4, 8]: buf0 pointwise
+// from FX nodes: cat
+extern "C" void k0_pw_cat(const float* __restrict__ in_x_1, const float* __restrict__ in_y_1, float* __restrict__ out_buf0) {
   for (int64_t i0 = 0; i0 < 4; ++i0) {
     #pragma omp simd
     for (int64_t i1 = 0; i1 < 8; ++i1) {

@@ -1,5 +1,6 @@
-// k0_pw_output: [8, 512]: buf0 pointwise
-extern "C" void k0_pw_output(const float* __restrict__ in_x_1, const float* __restrict__ in_y_1, float* __restrict__ out_buf0) {
+// k0_pw_mul_sigmoid: [8, 512]: buf0 pointwise
+// from FX nodes: mul, sigmoid
+extern "C" void k0_pw_mul_sigmoid(const float* __restrict__ in_x_1, const float* __restrict__ in_y_1, float* __restrict__ out_buf0) {
   for (int64_t i0 = 0; i0 < 8; ++i0) {
     #pragma omp simd
     for (int64_t i1 = 0; i1 < 512; ++i1) {

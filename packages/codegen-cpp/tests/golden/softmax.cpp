@@ -1,5 +1,6 @@
-// k0_red_softmax_output: [32] over [100]: buf0 max (local), buf1 sum (local), buf2 pointwise
-extern "C" void k0_red_softmax_output(const float* __restrict__ in_w_1, const float* __restrict__ in_x_1, float* __restrict__ out_buf2) {
+// k0_red_softmax_mul: [32] over [100]: buf0 max (local), buf1 sum (local), buf2 pointwise
+// from FX nodes: _softmax, mul
+extern "C" void k0_red_softmax_mul(const float* __restrict__ in_w_1, const float* __restrict__ in_x_1, float* __restrict__ out_buf2) {
   const int64_t ember_outer = 32;
   const int64_t ember_inner = 100;
   const bool ember_split = false;  // too little work to split over threads

@@ -1,5 +1,6 @@
-// k0_pw_output: [96, 64]: buf0 pointwise
-extern "C" void k0_pw_output(const float* __restrict__ in_x_1, float* __restrict__ out_buf0) {
+// k0_pw_mul: [96, 64]: buf0 pointwise
+// from FX nodes: permute, clone, mul
+extern "C" void k0_pw_mul(const float* __restrict__ in_x_1, float* __restrict__ out_buf0) {
   const bool stream = false;
   {
     for (int64_t ib = 0; ib < 64; ib += 32) {

@@ -1,5 +1,6 @@
-// k0_red_var_mean_output: [4] over [8]: buf0 welford (local), buf1 pointwise
-extern "C" void k0_red_var_mean_output(const uint16_t* __restrict__ in_x_1, uint16_t* __restrict__ out_buf1) {
+// k0_red_to_copy_var_mean: [4] over [8]: buf0 welford (local), buf1 pointwise
+// from FX nodes: _to_copy, var_mean, _to_copy_1
+extern "C" void k0_red_to_copy_var_mean(const uint16_t* __restrict__ in_x_1, uint16_t* __restrict__ out_buf1) {
   const int64_t ember_outer = 4;
   const int64_t ember_inner = 8;
   const bool ember_split = false;  // too little work to split over threads

@@ -154,8 +154,38 @@ class GraphLowering:
         for node in self.gm.graph.nodes:
             self.current_node = node
             handler = getattr(self, f"_lower_{node.op}")
-            self.env[node] = handler(node)
+            result = handler(node)
+            self._stamp_origins(result)
+            self.env[node] = result
         return self.program
+
+    # -- provenance ---------------------------------------------------------------
+
+    def _stamp_origins(self, result: Any) -> None:
+        """Give each new lazy value of the current node its provenance: the node, after
+        the origins of the unstored lazy values it read (their bodies are inlined in
+        its own). Values that already carry origins (a getitem of a tuple) keep them."""
+        fresh = [v for v in _lazy_values(result) if not v.origins]
+        if fresh:
+            origins = self.origins_here()
+            for value in fresh:
+                value.origins = origins
+
+    def origins_here(self) -> tuple[str, ...]:
+        """The provenance of a value the current node computes now: the origins of its
+        arguments that are still unstored lazy values (inlined into whatever reads
+        them), then the node itself."""
+        node = self.current_node
+        if node is None:
+            return ()
+        found: dict[str, None] = {}
+        for arg in node.all_input_nodes:
+            for value in _lazy_values(self.env.get(arg)):
+                if value.realized is None:
+                    found.update(dict.fromkeys(value.origins))
+        if node.op == "call_function":  # not the graph's output node: it computes nothing
+            found[node.name] = None
+        return tuple(found)
 
     # -- node kinds ---------------------------------------------------------------
 
@@ -549,7 +579,8 @@ class GraphLowering:
         layout = Layout.contiguous(value.device, value.dtype, value.size)
         if value.stride_hint is not None:
             layout = Layout(value.device, value.dtype, value.size, value.stride_hint)
-        value.realized = self.store(Pointwise(value.size, value.body()), layout)
+        loop = Pointwise(value.size, value.body())
+        value.realized = self.store(loop, layout, origins=value.origins or None)
         return value.realized
 
     def node_layout(
@@ -581,13 +612,24 @@ class GraphLowering:
         expected = buffer_loader(body.buffer, layout)(loop_vars(value.ndim))
         return body.buffer if isinstance(expected, Load) and expected.index == body.index else None
 
-    def store(self, loop: Loop, layout: Layout, *, mutates: str | None = None) -> BufferRef:
-        """Add a ComputedBuffer for `loop` and return a reference to it."""
+    def store(
+        self,
+        loop: Loop,
+        layout: Layout,
+        *,
+        mutates: str | None = None,
+        origins: tuple[str, ...] | None = None,
+    ) -> BufferRef:
+        """Add a ComputedBuffer for `loop` and return a reference to it. `origins`: the
+        FX nodes its body computes (default: the current node and the unstored lazy
+        values it reads, `origins_here`)."""
         if mutates is not None:
             snapshot_readers(self, mutates)
         name = self._new_name("buf")
-        origin = self.current_node.name if self.current_node is not None else ""
-        self.add(ComputedBuffer(name, layout, loop, mutates, origin))
+        if origins is None:
+            origins = self.origins_here()
+        origin = origins[-1] if origins else ""
+        self.add(ComputedBuffer(name, layout, loop, mutates, origin, origins))
         self.layouts[name] = layout
         if mutates is not None:
             self.versions[mutates] = name
@@ -917,3 +959,12 @@ def _channels_last(val: torch.Tensor) -> bool:
         and val.is_contiguous(memory_format=torch.channels_last)
         and not val.is_contiguous()
     )
+
+
+def _lazy_values(tree: Any) -> list[LazyTensor]:
+    """The lazy tensors in a lowered value (a tuple tree of values)."""
+    if isinstance(tree, LazyTensor):
+        return [tree]
+    if isinstance(tree, (tuple, list)):
+        return [v for item in tree for v in _lazy_values(item)]
+    return []

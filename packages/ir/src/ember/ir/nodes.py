@@ -147,7 +147,10 @@ class ComputedBuffer:
     layout: Layout
     loop: Loop
     mutates: str | None = None
-    origin: str = ""
+    origin: str = ""  # the FX node whose value this is (the last of `origins`)
+    # Every FX node whose computation the loop's body holds, in graph order: the
+    # pointwise chain that was inlined into it, not only the node that stored it.
+    origins: tuple[str, ...] = ()
 
     def reads(self) -> Iterator[str]:
         seen: set[str] = set()

@@ -58,6 +58,7 @@ def format_program(program: Program) -> str:
                 else str(item.outputs[0])
             )
             tag = " [fallback]" if item.fallback else ""
+            tag += f"  # from {item.origin}" if item.origin else ""
             lines.append(f"  {item.name} = extern {item.op}({', '.join(args)}) -> {result}{tag}")
         elif isinstance(item, MultiOutput):
             lines.append(f"  {item.name} = {item.source}[{item.index}] -> {item.layout}")
@@ -128,7 +129,8 @@ def _format_loop(buffer: ComputedBuffer) -> list[str]:
         how = f" reduce={loop.reduce}" if loop.reduce else ""
         head = f"scatter [{ranges}] at [{loop.index}]{how}"
     mutates = f" (writes {buffer.mutates})" if buffer.mutates else ""
-    lines = [f"  {buffer.name}: {buffer.layout} = {head}{mutates}"]
+    origins = f"  # from {', '.join(buffer.origins)}" if buffer.origins else ""
+    lines = [f"  {buffer.name}: {buffer.layout} = {head}{mutates}{origins}"]
     roots = [loop.body] if not isinstance(loop, Scatter) else [*loop.indirect, loop.body]
     names: dict[int, str] = {}
     for root in roots:

@@ -41,6 +41,9 @@ class LazyTensor:
     # Strides to store the value with when it is realized, instead of contiguous ones:
     # set for channels-last values of the graph (see GraphLowering._maybe_realize).
     stride_hint: tuple[sympy.Expr, ...] | None = None
+    # The FX nodes whose computation the body holds, in graph order (provenance: set
+    # by GraphLowering once the node that made the value is lowered).
+    origins: tuple[str, ...] = ()
     _body: Node | None = field(default=None, repr=False)
     _buffers: frozenset[str] | None = field(default=None, repr=False)
 

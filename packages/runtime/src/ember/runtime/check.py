@@ -11,7 +11,7 @@ on copies of the same inputs, and ember compares, output by output:
 On the first divergence ember raises `EmberCheckError` (the default, `EMBER_CHECK=1` or
 `raise`), or warns once per graph with `EmberCheckWarning` and goes on (`warn`). The
 message names the graph, the output, the error and the tolerance, and where the graph's
-debug dump is: `EMBER_DEBUG_DIR/<graph>` when set, otherwise a small dump (the ATen graph
+debug dump is: `EMBER_DEBUG_DIR/<run>/<graph>` when set, otherwise a small dump (the ATen graph
 as Python and the wrapper's path) is written to `<cache_dir>/check/<graph>`.
 
 Caveats, by design: inputs are copied before the compiled call because the compiled
@@ -35,6 +35,7 @@ import torch.fx
 
 from ember.runtime.accuracy import Comparison, compare, tolerance
 from ember.runtime.config import config
+from ember.runtime.debug import run_directory
 from ember.runtime.store import secure_directory
 
 log = logging.getLogger("ember.runtime.check")
@@ -115,7 +116,7 @@ def first_divergence(
 
 
 def _dump_location(graph: str, eager_gm: torch.fx.GraphModule, wrapper: Path | None) -> Path:
-    directory = config.debug_dir / graph if config.debug_dir is not None else None
+    directory = run_directory(config.debug_dir) / graph if config.debug_dir is not None else None
     if directory is not None and directory.exists():
         return directory
     directory = secure_directory(config.cache_dir / "check") / graph  # made 0700, as the cache

@@ -1,4 +1,5 @@
-"""The `ember` command line: `ember demo`, `ember bench`, `ember config`, `ember cache`.
+"""The `ember` command line: `ember demo`, `ember bench`, `ember explain`, `ember config`,
+`ember cache`, `ember package`, `ember --version`.
 
 Also runs as `python -m ember.runtime.cli` (for machines without the console script).
 """
@@ -11,11 +12,26 @@ from collections.abc import Sequence
 
 import ember.runtime  # noqa: F401  # registers the backend
 from ember.runtime.config import config
+from ember.runtime.environment import version_text
+
+
+class _Version(argparse.Action):
+    """`--version`: a line per package (argparse's own action would rewrap them)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ember", description="Ember, a compiler backend for PyTorch."
+    )
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="print the version of each ember package, torch and Triton, and exit",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser(
@@ -28,6 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ember.runtime.bench import add_arguments, run_cli
 
     add_arguments(bench)
+    explain = commands.add_parser(
+        "explain",
+        help="each compiled graph's kernels and ATen calls, the FX nodes each came from, "
+        "bytes, and with EMBER_PROFILE=1 times and distance from the roof",
+    )
+    from ember.runtime.explain import add_arguments as add_explain_arguments
+
+    add_explain_arguments(explain)
     commands.add_parser(
         "config",
         help="print ember's settings and the EMBER_* variables (exit status 1 if one is invalid)",
@@ -52,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(args.device)
     if args.command == "bench":
         return run_cli(args)
+    if args.command == "explain":
+        from ember.runtime.explain import run_cli as run_explain_cli
+
+        return run_explain_cli(args)
     if args.command == "config":
         # bad values are listed, marked, not raised: this is where one looks for them
         print(config.describe())

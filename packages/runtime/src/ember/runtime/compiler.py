@@ -11,6 +11,7 @@ so a compiler bug never takes the user's program down. A bad setting
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 import weakref
@@ -35,6 +36,8 @@ from ember.ir import (
 from ember.runtime import compile_cache
 from ember.runtime.artifact import Artifact, runner
 from ember.runtime.config import EmberConfigError, config
+from ember.runtime.debug import repro_source, run_directory
+from ember.runtime.explain import EXPLAIN_FILE, matmul_dtypes, schedule_summary
 from ember.runtime.kernels import (
     Launcher,
     compile_kernels,
@@ -44,9 +47,10 @@ from ember.runtime.kernels import (
 )
 from ember.runtime.layouts import input_records
 from ember.runtime.loader import load_module, write_source
-from ember.runtime.logs import setup_logging
+from ember.runtime.logs import setup_logging, trace_artifact, tracing
+from ember.runtime.profiling import StepTimer
 from ember.runtime.wrapper import generate_wrapper
-from ember.scheduler import Schedule, schedule_program
+from ember.scheduler import ExternCall, Schedule, schedule_program
 
 log = logging.getLogger("ember.runtime")
 _graph_ids = itertools.count()
@@ -143,9 +147,11 @@ def compile_graph(
     record = CompileRecord(graph_name)
     compile_records.append(record)
     debug_root = config.debug_dir
-    debug = debug_root / graph_name if debug_root is not None else None
+    debug = run_directory(debug_root) / graph_name if debug_root is not None else None
     record.debug_dir = debug
     eager_gm, gm = gm, _copy_graph_module(gm)  # passes rewrite the copy; eager keeps the original
+    if debug is not None:  # first: a graph that fails to compile needs it most
+        _dump(debug, "repro.py", lambda: repro_source(eager_gm, example_inputs, graph_name), "")
 
     key = None
     if compile_cache.enabled() and debug is None:  # a debug dump shows every stage run
@@ -163,6 +169,8 @@ def compile_graph(
             for name, value in artifact.extra.get("record", {}).items():
                 setattr(record, name, value)
             record.wrapper_path = artifact.source_path
+            # the stages did not run: the trace gets what the cache holds, the wrapper
+            trace_artifact(f"ember_{graph_name}_wrapper", lambda: artifact.wrapper.source)
             return _finish(guarded, artifact, eager_gm, record, static_inputs, lend_outputs_from)
 
     stage = "passes"
@@ -173,6 +181,7 @@ def compile_graph(
             )
             gm, report = pipeline.run(gm)
             log.debug("%s", report.format())
+        trace_artifact(f"ember_{graph_name}_passes", lambda: _passes_text(gm, report.format()))
         devices = _devices(gm)
         loops = wants_loops(devices, config.kernels)
         stage = "lowering"
@@ -183,7 +192,8 @@ def compile_graph(
             )
         stage = "wrapper"
         with _timed(record, stage):
-            wrapper = generate_wrapper(schedule, launchers)
+            timer = _step_timer(graph_name, debug, schedule) if debug and config.profile else None
+            wrapper = generate_wrapper(schedule, launchers, timer)
             path = write_source(config.cache_dir / "wrappers", wrapper.source)
             module = load_module(path, {})
             artifact = Artifact(
@@ -195,7 +205,7 @@ def compile_graph(
                 source_path=path,
             )
             guarded = runner(artifact, module)
-        _dump(debug, "wrapper.py", lambda: wrapper.source)
+        _dump(debug, "wrapper.py", lambda: wrapper.source, graph_name)
     except EmberConfigError:
         raise  # a setting changed mid-compile: running eagerly would hide it
     except Exception as exc:
@@ -207,6 +217,7 @@ def compile_graph(
         return CompiledGraph(_eager_runner(eager_gm), record)
 
     _fill_record(record, program, schedule, path)
+    _dump(debug, EXPLAIN_FILE, lambda: json.dumps(schedule_summary(schedule), indent=1), graph_name)
     log.info(
         "compiled %s: %d kernels, %d steps, %.1f ms, wrapper %s",
         graph_name,
@@ -279,10 +290,10 @@ def _build(
         )
         program = lower_graph(gm, name=name, options=options)
         verify(program)
-    _dump(debug, "ir.txt", lambda: format_program(program))
+    _dump(debug, "ir.txt", lambda: format_program(program), name)
     with _timed(record, "scheduling"):
         schedule = schedule_program(program, scheduling_choices(devices))
-    _dump(debug, "schedule.txt", schedule.format)
+    _dump(debug, "schedule.txt", schedule.format, name)
     if not schedule.kernels:
         return program, schedule, {}
     try:
@@ -303,20 +314,45 @@ def _build(
         )
         record.kernel_fallback = f"{type(exc).__name__}: {exc}"
         return program, schedule, None
-    if debug is not None:
-        _dump_cpp_source(debug, launchers)
+    if debug is not None or tracing():
+        _dump_kernel_source(debug, launchers, name)
     return program, schedule, launchers
 
 
-def _dump_cpp_source(debug: Path, launchers: dict[str, Launcher]) -> None:
-    """The translation unit of the graph's C++ kernels as `kernels.cpp` (the cache keeps
-    it too, but under a hashed name beside its library)."""
+def _dump_kernel_source(debug: Path | None, launchers: dict[str, Launcher], graph: str) -> None:
+    """The graph's generated kernels: the translation unit of its C++ kernels as
+    `kernels.cpp` (the cache keeps it too, but under a hashed name beside its library),
+    its Triton kernels' modules as `kernels_triton.py`."""
     from ember.runtime.cpp_kernels import CppKernel
 
     kernels = [k for k in launchers.values() if isinstance(k, CppKernel)]
     units = {id(k.unit): k.unit.source.source for k in kernels}
     if units:
-        _dump(debug, "kernels.cpp", lambda: "\n".join(units.values()))
+        _dump(debug, "kernels.cpp", lambda: "\n".join(units.values()), graph)
+    triton = {
+        name: launcher.kernel.source
+        for name, launcher in launchers.items()
+        if hasattr(launcher, "kernel") and isinstance(getattr(launcher.kernel, "source", None), str)
+    }
+    if triton:
+        text = "\n\n".join(f"# kernel {name}\n{source}" for name, source in triton.items())
+        _dump(debug, "kernels_triton.py", lambda: text, graph)
+
+
+def _passes_text(gm: torch.fx.GraphModule, report: str) -> str:
+    """The graph after the passes, as Python, and what each pass did."""
+    return f"{gm.print_readable(print_output=False)}\n\n# passes\n{report}"
+
+
+def _step_timer(graph: str, debug: Path, schedule: Schedule) -> StepTimer:
+    """The timer of a profiled graph (EMBER_PROFILE): every step that runs device code."""
+    steps = {i: s.name for i, s in enumerate(schedule.steps) if s.launches_kernel}
+    devices = [k.device for k in schedule.kernels]
+    for step in schedule.steps:
+        if isinstance(step, ExternCall):
+            devices += [o.device for o in step.node.outputs if o is not None]
+    device = next((d for d in devices if d.type == "cuda"), torch.device("cpu"))
+    return StepTimer(graph, debug, steps, device, matmul_dtypes(schedule))
 
 
 def _devices(gm: torch.fx.GraphModule) -> set[torch.device]:
@@ -383,6 +419,9 @@ def _graphed(
     (ember.runtime.cudagraphs); `record.cudagraphs` says what happened. Whether the
     graph can be recorded goes into `artifact`'s manifest, for a loaded copy."""
     setting = config.cudagraphs
+    if config.profile and config.debug_dir is not None:
+        record.cudagraphs = "off: EMBER_PROFILE times each step"
+        return call
     if not any(
         isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_cuda
         for n in gm.graph.nodes
@@ -440,8 +479,15 @@ class _timed:
         self.record.stage_seconds[self.stage] = time.perf_counter() - self.start
 
 
-def _dump(directory: Path | None, filename: str, text: Callable[[], str]) -> None:
-    if directory is None:
+def _dump(directory: Path | None, filename: str, text: Callable[[], str], graph: str) -> None:
+    """A stage's output: written to the graph's debug directory (EMBER_DEBUG_DIR) and
+    to TORCH_TRACE as the artifact `ember_<graph>_<stage>` (ember.runtime.logs)."""
+    traced = tracing() and bool(graph)  # `graph` empty: for the debug directory only
+    if directory is None and not traced:
         return
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / filename).write_text(text())
+    content = text()
+    if traced:
+        trace_artifact(f"ember_{graph}_{filename.rsplit('.', 1)[0]}", lambda: content)
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / filename).write_text(content)

@@ -188,7 +188,18 @@ KNOBS: dict[str, Knob[Any]] = {
         "EMBER_DEBUG_DIR",
         _parse_path,
         lambda: None,
-        "Directory for graphs before/after passes, IR, schedule, wrapper and C++ kernels.",
+        "Directory for debug dumps: one subdirectory per process run, in it one per graph "
+        "with its repro script, graphs before/after passes, IR, schedule, kernels, "
+        "wrapper and what `ember explain DIR` reads.",
+    ),
+    "profile": Knob(
+        "EMBER_PROFILE",
+        _parse_bool,
+        lambda: False,
+        "With EMBER_DEBUG_DIR: time every kernel and ATen call of each compiled graph "
+        "(host clock on CPUs, CUDA events on GPUs; CUDA graphs off) and write the times "
+        "with this machine's measured roofs to the graph's debug directory at exit, for "
+        "`ember explain` (1), or not (0, default).",
     ),
     "cache_dir": Knob(
         "EMBER_CACHE_DIR",
@@ -359,6 +370,10 @@ class EmberConfig:
     def debug_dir(self) -> Path | None:
         value = self.get("debug_dir")
         return Path(value) if value is not None else None
+
+    @property
+    def profile(self) -> bool:
+        return bool(self.get("profile"))
 
     @property
     def cache_dir(self) -> Path:

@@ -349,18 +349,38 @@ def cpuinfo_features() -> str:
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags (x86 `flags`, Arm `Features`) from /proc/cpuinfo, read
-    once; empty where it cannot be read."""
+def _cpuinfo() -> dict[str, str]:
+    """The first value of each field of /proc/cpuinfo (the first CPU's), read once;
+    empty where it cannot be read."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+        name, colon, value = line.partition(":")
+        if colon:
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (x86 `flags`, Arm `Features`) from /proc/cpuinfo;
+    empty where it cannot be read."""
+    info = _cpuinfo()
+    return frozenset((info.get("flags") or info.get("Features") or "").split())
+
+
+def cpu_model() -> str:
+    """This CPU's name (x86 `model name`, else Arm's implementer and part numbers),
+    or the platform's processor string where /proc/cpuinfo has none."""
+    info = _cpuinfo()
+    if info.get("model name"):
+        return info["model name"]
+    if info.get("CPU implementer"):
+        return f"implementer {info['CPU implementer']} part {info.get('CPU part', '?')}"
+    return platform.processor() or platform.machine()
 
 
 def _build(compiler: str, text: str, store: EntryStore, key: str) -> Entry:

@@ -104,12 +104,16 @@ class _Writer:
 
 
 def generate_wrapper(
-    schedule: Schedule, launchers: Mapping[str, Callable[..., None]] | None = None
+    schedule: Schedule,
+    launchers: Mapping[str, Callable[..., None]] | None = None,
+    timer: Any = None,
 ) -> WrapperSource:
     """The wrapper module's source for `schedule`.
 
     `launchers` maps each fused kernel's name to its compiled launcher, called with
     the kernel's buffer arguments then its size arguments (FusedKernel's contract).
+    `timer` (ember.runtime.profiling.StepTimer, EMBER_PROFILE) is called around the
+    whole call and around each step that runs device code.
     """
     program = schedule.program
     w = _Writer()
@@ -127,6 +131,9 @@ def generate_wrapper(
     if names:
         body.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
     body.append("args.clear()")
+    clock = w.inject("timer", timer) if timer is not None else None
+    if clock is not None:
+        body.append(f"{clock}.call_begin()")
     bound: set[sympy.Symbol] = set()
     body += _bind_symbols(schedule, bound)
     if schedule.memory.frees_at_entry:
@@ -137,10 +144,13 @@ def generate_wrapper(
         zip(schedule.steps, schedule.memory.frees_after, strict=True)
     ):
         body += [_allocation_line(w, a) for a in schedule.memory.allocations[index]]
+        timed = clock is not None and step.launches_kernel
+        if timed:
+            body.append(f"{clock}.begin({index})")
         if isinstance(step, KernelStep):
             body += _kernel_lines(w, step.kernel)
         elif isinstance(step, ExternCall):
-            body.append(_extern_line(w, step.node))
+            body.append(_extern_line(w, step.node) + _from(step.origins))
             node = step.node
             if isinstance(node.symbol, sympy.Symbol):
                 bound.add(node.symbol)
@@ -151,9 +161,13 @@ def generate_wrapper(
             body.append(f"{step.node.name} = {step.node.source}[{step.node.index}]")
             what = f"output {step.node.index} of {step.node.source}"
             body += _layout_check(w, step.node.name, step.node.layout, bound, what)
+        if timed:
+            body.append(f"{clock}.end({index})")
         if frees:
             body.append(f"del {', '.join(frees)}")
     outputs = [w.arg(o) for o in program.outputs]
+    if clock is not None:
+        body.append(f"{clock}.call_end()")
     body.append(f"return ({', '.join(outputs)}{',' if len(outputs) == 1 else ''})")
 
     at_load = [*(k.name for k in schedule.kernels), *constants, *w.live]
@@ -221,8 +235,13 @@ def _allocation_line(w: _Writer, allocation: Allocation) -> str:
 def _kernel_lines(w: _Writer, kernel: FusedKernel) -> list[str]:
     lines = [f"{m.name} = {m.mutates}" for m in kernel.members if m.mutates is not None]
     args = [*kernel.buffer_arguments(), *(pyexpr(s) for s in kernel.size_arguments())]
-    lines.append(f"{kernel.name}({', '.join(args)})")
+    lines.append(f"{kernel.name}({', '.join(args)}){_from(kernel.origins)}")
     return lines
+
+
+def _from(origins: tuple[str, ...]) -> str:
+    """A line's provenance comment: the FX nodes it computes."""
+    return f"  # from {', '.join(origins)}" if origins else ""
 
 
 def _seed_line(w: _Writer, schedule: Schedule) -> str:

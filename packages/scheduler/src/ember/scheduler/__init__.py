@@ -19,6 +19,7 @@ from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import (
     Allocation,
     ExternCall,
+    FusionNote,
     KernelStep,
     MemoryPlan,
     Schedule,
@@ -26,7 +27,7 @@ from ember.scheduler.schedule import (
     Step,
 )
 from ember.scheduler.scheduler import schedule_program
-from ember.scheduler.traffic import kernel_bytes, unfused_bytes
+from ember.scheduler.traffic import computed_bytes, is_static, kernel_bytes, unfused_bytes
 
 __all__ = [
     "DEFAULT_CHOICES",
@@ -38,12 +39,15 @@ __all__ = [
     "DeviceChoices",
     "ExternCall",
     "FusedKernel",
+    "FusionNote",
     "KernelMember",
     "KernelStep",
     "MemoryPlan",
     "Schedule",
     "SelectOutput",
     "Step",
+    "computed_bytes",
+    "is_static",
     "kernel_bytes",
     "plan_memory",
     "run_kernel",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ember.ir import Load, Program, Rand, iter_refs, walk
+from ember.ir import ComputedBuffer, Load, Program, Rand, iter_refs, walk
 from ember.ir.loops import Scan, Scatter
 from ember.scheduler.fusion import Group
 from ember.scheduler.iteration import merge_dimensions
@@ -50,14 +50,17 @@ def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKerne
             continue
         local = {m.name for m in members if m.kind == REDUCTION}
         inputs = sorted(_reads(members) - local)
+        origins = tuple(dict.fromkeys(o for m in group.members for o in _origins(m.buffer)))
         kernel = FusedKernel(
-            name=_kernel_name(number, group, members),
+            name=_kernel_name(number, group, origins),
             ranges=group.ranges,
             reduction_ranges=group.reduction_ranges,
             members=tuple(members),
             inputs=tuple(inputs),
             outputs=tuple(m.name for m in members if m.stored),
             device=group.members[0].buffer.layout.device,
+            origins=origins,
+            computes=tuple(m.buffer.name for m in group.members),
         )
         kernels[group.position] = merge_dimensions(kernel)
     return kernels
@@ -92,14 +95,33 @@ def _read_outside(program: Program, groups: list[Group]) -> set[str]:
     return outside
 
 
-def _kernel_name(number: int, group: Group, members: list[KernelMember]) -> str:
-    """`k<n>_<what it fuses>`: the FX origins of its members, for profiles and logs."""
+def _origins(buffer: ComputedBuffer) -> tuple[str, ...]:
+    """The FX nodes a buffer computes (its one origin for IR built by hand)."""
+    return buffer.origins or ((buffer.origin,) if buffer.origin else ())
+
+
+# FX nodes of ops that only reshape, alias or copy: they compute nothing worth naming a
+# kernel after (the nodes are still in the kernel's `origins`).
+_SHAPE_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "permute", "expand", "t", "transpose", "unsqueeze",
+    "squeeze", "slice", "select", "as_strided", "alias", "detach", "clone", "contiguous",
+    "_to_copy", "copy", "unfold", "split", "split_with_sizes", "chunk", "getitem",
+})  # fmt: skip
+NAME_LENGTH = 48
+
+
+def _kernel_name(number: int, group: Group, origins: tuple[str, ...]) -> str:
+    """`k<n>_<kind>_<what it computes>`: the ops of the FX nodes whose computation
+    it holds (numbers stripped, each once, views and copies left out), whole words
+    only, so a name lists only what the kernel computes. Where the words do not fit,
+    the name says how many more ops there are (`_and3`)."""
     words: list[str] = []
-    for m in group.members:
-        origin = m.buffer.origin or m.kind
-        word = re.sub(r"_\d+$", "", re.sub(r"[^0-9a-zA-Z_]", "_", origin)).strip("_") or m.kind
-        if word not in words:
+    for origin in origins:
+        word = re.sub(r"_\d+$", "", re.sub(r"[^0-9a-zA-Z_]", "_", origin)).strip("_")
+        if word and word not in _SHAPE_OPS and word not in words:
             words.append(word)
+    if not words:  # only copies and views (or hand-built IR): say what kind of loop
+        words = list(dict.fromkeys(m.kind for m in group.members))
     kind = (
         "scan"
         if any(m.kind == SCAN for m in group.members)
@@ -109,4 +131,12 @@ def _kernel_name(number: int, group: Group, members: list[KernelMember]) -> str:
         if group.closed and any(isinstance(m.buffer.loop, Scatter) for m in group.members)
         else "pw"
     )
-    return f"k{number}_{kind}_" + "_".join(words)[:48].rstrip("_")
+    shown: list[str] = []
+    for k, word in enumerate(words):
+        rest = len(words) - k - 1
+        tail = f"_and{rest}" if rest else ""
+        if len("_".join([*shown, word])) + len(tail) > NAME_LENGTH and shown:
+            shown.append(f"and{len(words) - k}")
+            break
+        shown.append(word)
+    return f"k{number}_{kind}_" + "_".join(shown)

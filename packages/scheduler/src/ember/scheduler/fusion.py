@@ -315,6 +315,11 @@ class Fuser:
         # after which the wrapper has bound it (`symbol_definitions`).
         self.defined_at: dict[sympy.Symbol, int] = {}
         self._symbols_of: tuple[ComputedBuffer, frozenset[sympy.Symbol]] | None = None
+        # Why a buffer that started a kernel joined none of the groups it was tried
+        # against (keyed by each group's first buffer), and buffers that run alone by
+        # kind: read by `ember explain` through the schedule's fusion notes.
+        self.refusals: dict[str, dict[str, str]] = {}
+        self.alone: dict[str, str] = {}
 
     def run(self) -> list[Group]:
         for value in (*self.program.inputs, *self.program.constants):
@@ -348,11 +353,19 @@ class Fuser:
             # Scatters and mutations take no company; so does a reduction over no
             # dimension at all, which no iteration space of a fused kernel can hold.
             self._new_group(buffer, position, closed=True)
+            self.alone[buffer.name] = (
+                "a reduction over no dimension runs alone"
+                if degenerate
+                else "a scatter runs alone"
+                if kind == SCATTER
+                else "a write into an existing buffer runs alone"
+            )
             if not degenerate:
                 written = {buffer.name, *([buffer.mutates] if buffer.mutates else [])}
                 self.barriers.append((position, frozenset(self._root(n) for n in written)))
             return
         best: tuple[int, int, Group, Member] | None = None
+        refused: dict[str, str] = {}  # first member of a group -> why not there
         reads = self._reads(buffer)
         cousins = self._cousins(buffer, reads) if kind == REDUCTION else set()
         touching = {k for name in reads for k in self._touching.get(name, ())}
@@ -362,20 +375,27 @@ class Fuser:
             if not cousin and not self._may_save(group, reads):
                 continue  # its score would be 0, and only a positive score is taken
             candidate = self._try(group, buffer)
-            if candidate is None:
+            if isinstance(candidate, str):
+                refused[group.members[0].buffer.name] = candidate
                 continue
             member, score = candidate
             if cousin:
                 score = max(score, LAUNCH_SAVED)
-            if score > 0 and (best is None or score > best[0]):
+            if score <= 0:
+                refused[group.members[0].buffer.name] = "fusing saves no memory traffic"
+            elif best is None or score > best[0]:
                 best = (score, -order, group, member)
         if best is None:
             self._new_group(buffer, position)
+            if refused:
+                self.refusals[buffer.name] = refused
             return
         _, negative_order, group, member = best
         if member.kind == REDUCTION and not group.reduction_ranges:
             self._widen(group, buffer)
-            member = self._try(group, buffer)[0]  # type: ignore[index]  # legal by construction
+            again = self._try(group, buffer)
+            assert not isinstance(again, str), again  # legal by construction
+            member = again[0]
         group.members.append(member)
         self.group_of[buffer.name] = group
         self._note(group, -negative_order)
@@ -467,11 +487,15 @@ class Fuser:
             m.index = placement.expr(m.index)
             m.over_reduction = True
 
-    def _try(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | None:
-        if group.closed or len(group.members) >= self.choices.max_members:
-            return None
+    def _try(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | str:
+        """The member `buffer` would be in `group`, and the bytes that saves; or why it
+        cannot join (kept in `refusals` for the buffers that start a kernel)."""
+        if group.closed:
+            return "that kernel takes no company (a scatter or a write into an input)"
+        if len(group.members) >= self.choices.max_members:
+            return f"that kernel is full ({self.choices.max_members} members)"
         if group.members[0].buffer.layout.device != buffer.layout.device:
-            return None
+            return "they run on different devices"
         kind = _kind(buffer)
         if kind == SCAN or any(m.kind == SCAN for m in group.members):
             return self._try_scan_sibling(group, buffer)
@@ -482,32 +506,42 @@ class Fuser:
             assert isinstance(loop, Reduction)
             widened = _prologue_map(group, loop)
             if widened is None:
-                return None
+                return "the reduction does not read that kernel's loop point by point"
             ranges, reduction_ranges = loop.ranges, loop.reduction_ranges
         placed = _var_map(buffer, ranges, reduction_ranges)
         if placed is None:
-            return None
+            return f"iteration spaces differ ({_space(buffer)} against {_space(group)})"
         mapping, over_reduction = placed
-        if not self._dependencies_allow(group, buffer):
-            return None
+        blocked = self._dependencies_block(group, buffer)
+        if blocked is not None:
+            return blocked
         members = self._members_as_placed(group, widened)
         body = replace_index(loop.body, mapping) if mapping else loop.body
         inlined = self._inline(body, members, over_reduction or kind == REDUCTION)
         if inlined is None:
-            return None
+            return (
+                "it reads a value of that kernel at another point (a shifted, masked or "
+                "indirect load, or per inner point from an outer loop), or inlining it "
+                f"would copy more than {self.choices.max_inline_ops} ops"
+            )
         index = sympy.expand(self.store_indices[buffer.name].xreplace(mapping))
         member = Member(buffer, kind, inlined, index, over_reduction)
         return member, self._score(group, buffer, member.body)
 
-    def _try_scan_sibling(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | None:
+    def _try_scan_sibling(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | str:
         """`buffer` as one more scan of a group of scans: the same outer x inner space,
-        reading nothing the group computes (see the module docstring)."""
+        reading nothing the group computes (see the module docstring); or why not."""
         loop = buffer.loop
         scans = all(m.kind == SCAN for m in group.members)
-        if not (isinstance(loop, Scan) and scans and _same_space(group, loop)):
-            return None
-        if group.names() & self._reads(buffer) or not self._dependencies_allow(group, buffer):
-            return None
+        if not (isinstance(loop, Scan) and scans):
+            return "a scan kernel holds scans only"
+        if not _same_space(group, loop):
+            return f"iteration spaces differ ({_space(buffer)} against {_space(group)})"
+        if group.names() & self._reads(buffer):
+            return "it scans what that scan kernel computes"
+        blocked = self._dependencies_block(group, buffer)
+        if blocked is not None:
+            return blocked
         member = Member(buffer, SCAN, loop.body, self.store_indices[buffer.name], False)
         return member, self._score(group, buffer, loop.body)
 
@@ -558,18 +592,20 @@ class Fuser:
     def _root(self, name: str) -> str:
         return self.alias_root.get(name, name)
 
-    def _dependencies_allow(self, group: Group, buffer: ComputedBuffer) -> bool:
-        # Joining `group` moves `buffer` back to the group's place, before any barrier
-        # in between: allowed only when that barrier writes nothing it reads (a bias
-        # gradient's cast may move back across an embedding gradient's scatter).
+    def _dependencies_block(self, group: Group, buffer: ComputedBuffer) -> str | None:
+        """Why `buffer` cannot move up to `group`'s place, or None when it can.
+
+        Joining `group` moves `buffer` back to the group's place, before any barrier
+        in between: allowed only when that barrier writes nothing it reads (a bias
+        gradient's cast may move back across an embedding gradient's scatter)."""
         if self.defined_at and any(
             self.defined_at.get(symbol, -1) > group.position for symbol in self._symbols(buffer)
         ):
-            return False  # it would run before the step that binds one of its sizes
+            return "it would run before the step that computes one of its sizes"
         read_roots = {self._root(name) for name in self._reads(buffer)}
         for step, written in self.barriers:
             if step > group.position and (written is None or written & read_roots):
-                return False
+                return f"a write between them ({self.program.nodes[step].name}) changes its input"
         members = group.names()
         for name in self._reads(buffer):
             if name in members:
@@ -577,12 +613,13 @@ class Fuser:
             producer_group = self.group_of.get(name)
             if producer_group is not None and producer_group is not group:
                 if producer_group.position >= group.position:
-                    return False
+                    return f"it reads {name}, computed by a kernel that runs after that one"
                 continue
             position = self.position_of.get(name)
             if position is not None and position > group.position:
-                return False  # an extern (or its output) computed after the group starts
-        return True
+                # an extern (or its output) computed after the group starts
+                return f"it reads {name}, made by an ATen call between them"
+        return None
 
     def _score(self, group: Group, buffer: ComputedBuffer, placed: Node) -> int:
         """Bytes kept out of memory: a producer's write and read (vertical), or one
@@ -642,6 +679,18 @@ def _same_space(group: Group, loop: Scan) -> bool:
         and group.reduction_ranges == (loop.length,)
         and first.axis == loop.axis
     )
+
+
+def _space(where: ComputedBuffer | Group) -> str:
+    """An iteration space as text: `[outer]` or `[outer] over [inner]`."""
+    if isinstance(where, Group):
+        ranges, inner = where.ranges, where.reduction_ranges
+    else:
+        loop = where.loop
+        ranges = loop.ranges
+        inner = inner_ranges(loop)
+    text = "[" + ", ".join(map(str, ranges)) + "]"
+    return text + (" over [" + ", ".join(map(str, inner)) + "]" if inner else "")
 
 
 def symbol_definitions(program: Program) -> dict[sympy.Symbol, int]:

@@ -81,6 +81,10 @@ class FusedKernel:
     inputs: tuple[str, ...]  # buffers read from memory, sorted
     outputs: tuple[str, ...]  # buffers written to memory, in member order
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # Provenance: the FX nodes whose computation the kernel holds, in graph order, and
+    # every IR buffer it computes, the ones inlined into their readers included.
+    origins: tuple[str, ...] = ()
+    computes: tuple[str, ...] = ()
 
     @property
     def local_reductions(self) -> frozenset[str]:
@@ -172,6 +176,8 @@ class FusedKernel:
             members=members,
             inputs=tuple(names.get(b, b) for b in self.inputs),
             outputs=tuple(names.get(b, b) for b in self.outputs),
+            origins=(),
+            computes=(),
         )
 
     def member(self, name: str) -> KernelMember:

@@ -19,6 +19,8 @@ def format_kernel(kernel: FusedKernel) -> str:
     lines = [
         head + f" reads {', '.join(kernel.inputs) or '-'} writes {', '.join(kernel.outputs) or '-'}"
     ]
+    if kernel.origins:
+        lines.append(f"  from {', '.join(kernel.origins)}")
     for m in kernel.members:
         detail = m.reduction or m.scan
         what = m.kind if detail is None else f"{m.kind} {detail}"
@@ -47,7 +49,8 @@ def format_schedule(schedule: Schedule) -> str:
         if isinstance(step, KernelStep):
             lines += ["  " + line for line in format_kernel(step.kernel).splitlines()]
         elif isinstance(step, ExternCall):
-            lines.append(f"  extern {step.name} = {step.node.op}")
+            origin = f"  # from {step.node.origin}" if step.node.origin else ""
+            lines.append(f"  extern {step.name} = {step.node.op}{origin}")
         else:
             lines.append(f"  select {step.name}")
         if memory.frees_after[index]:
@@ -55,4 +58,7 @@ def format_schedule(schedule: Schedule) -> str:
     lines.append(
         f"  planned peak: {memory.peak_bytes} bytes; {schedule.kernel_count} kernel launches"
     )
+    for note in schedule.fusion_notes:
+        where = f"not fused into {note.other}" if note.other else "alone"
+        lines.append(f"  fusion: {note.kernel} {where}: {note.reason}")
     return "\n".join(lines)

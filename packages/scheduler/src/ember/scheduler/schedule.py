@@ -27,6 +27,11 @@ class ExternCall:
         return self.node.name
 
     @property
+    def origins(self) -> tuple[str, ...]:
+        """The FX node the call came from (provenance, as `FusedKernel.origins`)."""
+        return (self.node.origin,) if self.node.origin else ()
+
+    @property
     def launches_kernel(self) -> bool:
         """False for pure views, which only make an alias and run no device code."""
         return not self.node.is_view
@@ -49,6 +54,10 @@ class SelectOutput:
         return self.node.name
 
     @property
+    def origins(self) -> tuple[str, ...]:
+        return ()
+
+    @property
     def launches_kernel(self) -> bool:
         return False
 
@@ -68,6 +77,10 @@ class KernelStep:
     @property
     def name(self) -> str:
         return self.kernel.name
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return self.kernel.origins
 
     @property
     def launches_kernel(self) -> bool:
@@ -117,11 +130,23 @@ class MemoryPlan:
     peak_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class FusionNote:
+    """Why a kernel was not fused into another: its first buffer was tried against
+    `other` (a kernel that runs earlier) and refused for `reason`. With `other` empty,
+    the kernel runs alone by its kind (a scatter, a write into an input)."""
+
+    kernel: str
+    other: str
+    reason: str
+
+
 @dataclass
 class Schedule:
     program: Program
     steps: list[Step]
     memory: MemoryPlan
+    fusion_notes: list[FusionNote] = field(default_factory=list)
 
     @property
     def kernel_count(self) -> int:

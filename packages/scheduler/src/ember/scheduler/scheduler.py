@@ -6,9 +6,17 @@ from ember.ir import ComputedBuffer, ExternKernel, MultiOutput, Program
 from ember.scheduler.build import build_kernels
 from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
 from ember.scheduler.collectives import overlap_collectives
-from ember.scheduler.fusion import Fuser
+from ember.scheduler.fusion import Fuser, Group
+from ember.scheduler.kernel import FusedKernel
 from ember.scheduler.memory import plan_memory
-from ember.scheduler.schedule import ExternCall, KernelStep, Schedule, SelectOutput, Step
+from ember.scheduler.schedule import (
+    ExternCall,
+    FusionNote,
+    KernelStep,
+    Schedule,
+    SelectOutput,
+    Step,
+)
 from ember.scheduler.split import split_reductions
 
 
@@ -24,7 +32,8 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
     with split reductions (ember.scheduler.split) and their partial buffers.
     """
     program = split_reductions(program, choices)
-    groups = Fuser(program, choices).run()
+    fuser = Fuser(program, choices)
+    groups = fuser.run()
     kernels = build_kernels(program, groups)
     steps: list[Step] = []
     for position, node in enumerate(program.nodes):
@@ -39,4 +48,23 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
         else:  # pragma: no cover - the IR has no other compute node
             raise TypeError(f"cannot schedule {type(node).__name__} {node.name!r}")
     steps = overlap_collectives(program, steps)
-    return Schedule(program, steps, plan_memory(program, steps))
+    notes = fusion_notes(fuser, groups, kernels)
+    return Schedule(program, steps, plan_memory(program, steps), notes)
+
+
+def fusion_notes(
+    fuser: Fuser, groups: list[Group], kernels: dict[int, FusedKernel]
+) -> list[FusionNote]:
+    """The fuser's reasons, by kernel name: for each kernel whose first buffer joined no
+    earlier kernel, why each one it was tried against refused it."""
+    kernel_of = {
+        g.members[0].buffer.name: kernels[g.position].name for g in groups if g.position in kernels
+    }
+    notes: list[FusionNote] = []
+    for first, kernel in kernel_of.items():
+        if first in fuser.alone:
+            notes.append(FusionNote(kernel, "", fuser.alone[first]))
+        for other, reason in fuser.refusals.get(first, {}).items():
+            if other in kernel_of:
+                notes.append(FusionNote(kernel, kernel_of[other], reason))
+    return notes

@@ -144,7 +144,7 @@ def _partial(
     partial = Reduction(ranges, (length, *loop.reduction_ranges[1:]), loop.kind, body)
     size = (*ranges, sympy.Integer(2)) if loop.kind == "welford" else ranges  # mean, M2
     layout = Layout.contiguous(buffer.layout.device, loop.dtype, size)
-    return ComputedBuffer(name, layout, partial, origin=buffer.origin)
+    return ComputedBuffer(name, layout, partial, origin=buffer.origin, origins=buffer.origins)
 
 
 def _final(
@@ -194,6 +194,7 @@ def _final_welford(
         means_layout,
         Reduction(loop.ranges, across, "welford", Load(partial.name, at, dtype)),
         origin=buffer.origin,
+        origins=buffer.origins,
     )
     m2s_layout = Layout.contiguous(device, dtype, loop.ranges)
     m2s = ComputedBuffer(
@@ -201,6 +202,7 @@ def _final_welford(
         m2s_layout,
         Reduction(loop.ranges, across, "sum", Load(partial.name, sympy.expand(at + step), dtype)),
         origin=buffer.origin,
+        origins=buffer.origins,
     )
     outputs = [index_var("i", k) for k in range(len(loop.ranges))]
     field = index_var("i", len(loop.ranges))  # 0: mean, 1: M2

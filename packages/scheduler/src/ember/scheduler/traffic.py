@@ -48,3 +48,27 @@ def unfused_bytes(program: Program) -> int:
                 _size(layouts[n]) for n in set(node.reads()) if n in layouts
             )
     return total
+
+
+def computed_bytes(kernel: FusedKernel, program: Program) -> int:
+    """Bytes the buffers `kernel` computes (inlined ones included) would move as one
+    kernel each: each reads its inputs once and writes itself once. Against
+    `kernel_bytes`, what fusing them saved."""
+    layouts = _layouts(program)
+    nodes = {n.name: n for n in program.nodes if isinstance(n, ComputedBuffer)}
+    total = 0
+    for name in kernel.computes or tuple(m.name for m in kernel.members):
+        node = nodes.get(name)
+        if node is not None:
+            total += _size(node.layout) + sum(
+                _size(layouts[n]) for n in set(node.reads()) if n in layouts
+            )
+    return total
+
+
+def is_static(kernel: FusedKernel, program: Program) -> bool:
+    """Whether every buffer `kernel` reads or writes has static sizes (otherwise its
+    byte counts take each size symbol as 64 and are not the run's)."""
+    layouts = _layouts(program)
+    names = [*kernel.inputs, *(m.name for m in kernel.members)]
+    return not any(layouts[n].numel().free_symbols for n in names if n in layouts)

@@ -108,6 +108,8 @@ def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
     if ctx.checks:
         params.append(f"int64_t* __restrict__ {ERROR_RECORD}")
     header = f"// {kernel.name}: {_summary(kernel)}\n"
+    if kernel.origins:  # provenance: the FX nodes this kernel computes
+        header += f"// from FX nodes: {', '.join(kernel.origins)}\n"
     signature = f'extern "C" void {kernel.name}({", ".join(params)}) {{\n'
     text = header + signature + "\n".join(e.lines) + "\n}\n"
     return text, KernelInfo(kernel.name, arguments, tuple(ctx.checks))

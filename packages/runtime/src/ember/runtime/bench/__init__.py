@@ -4,14 +4,16 @@ GPU, `mode="reduce-overhead"`, CUDA graphs), side by side, one process per measu
 Files in processing order: `blocks.py` (built-in blocks) and `registry.py` (every model,
 its sizes and which set it is in), `measure.py` (one measurement in its own process),
 `harness.py` (runs them, with progress and a time limit), `report.py` (table and chart).
-`run_cli` is what `ember bench` calls. How to run it and read the results:
-benchmarks/README.md.
+`run_cli` is what `ember bench` calls; its exit status is 1 when any measurement asked
+for did not give a time that matches eager (failed, skipped, not run). How to run it
+and read the results: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from ember.runtime.bench.harness import (
@@ -23,9 +25,11 @@ from ember.runtime.bench.harness import (
     default_backends,
     default_models,
     run_bench,
+    unmeasured,
     write_json,
 )
 from ember.runtime.bench.registry import MODELS, ModelSpec
+from ember.runtime.environment import environment
 
 __all__ = [
     "MODELS",
@@ -112,15 +116,23 @@ def run_cli(args: argparse.Namespace) -> int:
         args.timeout, args.time_limit, args.prefetch, args.ember_mode,
     )  # fmt: skip
     json_path = args.json
-    records = run_bench(options, (lambda rs: write_json(rs, json_path)) if json_path else None)
+    about = {**environment(args.device), "options": asdict(options)} if json_path else None
+    records = run_bench(
+        options, (lambda rs: write_json(rs, json_path, about)) if json_path else None
+    )
     print(format_records(records))
+    status = 0
     if args.json is not None:
-        write_json(records, args.json)
+        write_json(records, args.json, about)
         print(f"records: {args.json}")
     if args.plot is not None:
         try:
             print(f"chart: {plot_speedups(records, args.plot)}")
         except ImportError:
             print("ember bench: --plot needs matplotlib (the bench group)", file=sys.stderr)
-    failed = [r for r in records if r.matches_eager is False]
-    return 1 if failed else 0
+            status = 1
+    missing = unmeasured(records)
+    for r in missing:
+        why = r.error or ("does not match eager" if r.matches_eager is False else "no time")
+        print(f"ember bench: {r.model} {r.mode} {r.backend}: {why}", file=sys.stderr)
+    return 1 if missing else status

@@ -297,6 +297,18 @@ def default_backends(device: str) -> list[str]:
     return list(CPU_BACKENDS if device == "cpu" else BACKENDS)
 
 
-def write_json(records: list[BenchRecord], path: Path) -> None:
+def unmeasured(records: list[BenchRecord]) -> list[BenchRecord]:
+    """The records of measurements that were asked for and did not give a trustworthy
+    time: failed, timed out, skipped (a missing library), not run (the time limit),
+    or compiled to something that does not match eager."""
+    return [r for r in records if r.error is not None or r.ms is None or r.matches_eager is False]
+
+
+def write_json(
+    records: list[BenchRecord], path: Path, environment: dict[str, Any] | None = None
+) -> None:
+    """`{"environment": ..., "records": [...]}`: the records with what they ran on
+    (ember.runtime.environment: versions, commit, device and CPU)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([asdict(r) for r in records], indent=1))
+    document = {"environment": environment or {}, "records": [asdict(r) for r in records]}
+    path.write_text(json.dumps(document, indent=1))

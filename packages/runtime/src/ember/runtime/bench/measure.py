@@ -8,8 +8,11 @@ keeps compile caches, allocator state and peak memory from leaking between rows.
 
 - cold: time the first call (compile + one run), check it against eager with the
   accuracy rule (float64 reference), then time calls (median after warm-up; CUDA
-  events on GPU) and measure peak memory (CUDA allocator peak over one call; on the CPU
-  the process's peak resident set, which includes torch itself).
+  events on GPU) and measure peak memory over one call: on CUDA the caching
+  allocator's peak (`max_memory_allocated`, weights and inputs included); on the CPU
+  the peak of tensor memory allocated during the call above what was allocated when
+  it began (`cpu_peak_allocated`: weights and inputs excluded, since torch keeps no
+  running CPU allocator statistics to read them from).
 - warm: only the first call, with the caches the cold run filled.
 
 A training step is forward + loss + backward; the loss is taken outside the model.
@@ -34,7 +37,6 @@ import argparse
 import copy
 import importlib
 import json
-import resource
 import sys
 import time
 import warnings
@@ -123,14 +125,46 @@ def _device_kernels(fn: Callable[[], Any], device: torch.device) -> int | None:
         return None
 
 
-def _peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
+def cpu_peak_allocated(fn: Callable[[], Any]) -> int | None:
+    """The peak of CPU tensor memory in use during one call of `fn`, above what was in
+    use when it began: the running sum of the CPU allocator's allocations and frees,
+    as torch's profiler records them (`profile_memory=True`: c10's CPU allocator
+    reports each one), in time order. None when the profiler recorded none: a peak
+    of zero would be a wrong number.
+
+    Not the process's resident set (`ru_maxrss`), which counts torch's own code and
+    every earlier measurement's high water mark, and not tracemalloc, which sees
+    Python objects and not tensor storage. A tensor allocated before the call and
+    freed during it counts as a negative step, so the result is the call's own
+    high-water mark over its starting point."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    steps: list[tuple[int, int]] = []
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    while pending:
+        event = pending.pop()
+        pending.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            steps.append((event.start_time_ns, event.extra_fields.alloc_size))
+    if not steps:
+        return None
+    in_use = peak = 0
+    for _, size in sorted(steps):
+        in_use += size
+        peak = max(peak, in_use)
+    return peak
+
+
+def _peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         fn()
         synchronize(device)
         return int(torch.cuda.max_memory_allocated(device))
-    fn()
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return cpu_peak_allocated(fn)
 
 
 def measure(

@@ -142,6 +142,7 @@ def plot_speedups(records: Sequence[BenchRecord], path: Path) -> Path:
             ax.barh(y, r.speedup_vs_eager, height=height, color=colors[backend],
                     label=backend if c_index == 0 else None)  # fmt: skip
             ax.text(r.speedup_vs_eager, y, f" {r.speedup_vs_eager:.2f}x", va="center", fontsize=8)
+    ax.margins(x=0.12)  # room for the value printed after the longest bar
     ax.set_yticks([i + height * (len(backends) - 1) / 2 for i in range(len(cases))])
     ax.set_yticklabels([f"{m} ({mode})" for m, mode in cases])
     ax.invert_yaxis()
@@ -149,9 +150,9 @@ def plot_speedups(records: Sequence[BenchRecord], path: Path) -> Path:
     ax.set_xlabel("speedup over eager (higher is better)")
     device = f"{records[0].device}, {records[0].dtype}" if records else ""
     ax.set_title(f"ember bench: speedup over eager ({device})")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never on one
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # long model names are not clipped
     plt.close(fig)
     return path
