@@ -97,6 +97,10 @@ class LoweringOptions:
     # instead of reading or writing outside the buffer. The runtime maps
     # EMBER_INDEX_CHECKS=0 to False, for kernels whose indices are known good.
     index_checks: bool = True
+    # (device type, longest row its codegen sorts): a sort or topk along a longer (or a
+    # symbolic) dimension on such a device stays an ATen call, with the reason logged.
+    # The runtime asks for the Triton codegen's limit on CUDA; C++ sorts any length.
+    sort_limits: tuple[tuple[str, int], ...] = ()
 
 
 # The lowering table: ATen overload -> function building IR for one node (used with
@@ -249,6 +253,16 @@ class GraphLowering:
                 _fallbacks_logged.add(op_name)
                 log.info("no lowering for %s: falling back to the ATen kernel", op_name)
         return self._extern(node, fallback=not intentional)
+
+    def intentional_extern(self, node: torch.fx.Node, reason: str) -> Any:
+        """Keep `node` an ATen call on purpose, from inside its lowering (a case the
+        codegens do not cover by design, such as a sort longer than a GPU block): not a
+        fallback, so allowed under EMBER_FALLBACK=0; `reason` is logged once."""
+        message = f"{node.target} stays an ATen call: {reason}"
+        if message not in _fallbacks_logged:
+            _fallbacks_logged.add(message)
+            log.info("%s", message)
+        return self._extern(node)
 
     def _lower_with_effects(self, node: torch.fx.Node) -> tuple[Any, ...]:
         """`with_effects(token, op, *args)`: AOTAutograd threads an effect token through
