@@ -12,8 +12,10 @@ from ember.scheduler.kernel import (
     REDUCTION,
     SCAN,
     SCATTER,
+    SORT,
     FusedKernel,
     KernelMember,
+    SortSpec,
 )
 from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import (
@@ -34,6 +36,7 @@ __all__ = [
     "REDUCTION",
     "SCAN",
     "SCATTER",
+    "SORT",
     "Allocation",
     "DeviceChoices",
     "ExternCall",
@@ -43,6 +46,7 @@ __all__ = [
     "MemoryPlan",
     "Schedule",
     "SelectOutput",
+    "SortSpec",
     "Step",
     "kernel_bytes",
     "plan_memory",

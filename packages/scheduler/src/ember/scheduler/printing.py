@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ember.ir import format_body, format_program
 
 if TYPE_CHECKING:
-    from ember.scheduler.kernel import FusedKernel
+    from ember.scheduler.kernel import FusedKernel, KernelMember
     from ember.scheduler.schedule import Schedule
 
 
@@ -20,7 +20,7 @@ def format_kernel(kernel: FusedKernel) -> str:
         head + f" reads {', '.join(kernel.inputs) or '-'} writes {', '.join(kernel.outputs) or '-'}"
     ]
     for m in kernel.members:
-        detail = m.reduction or m.scan
+        detail = m.reduction or m.scan or _sort(m)
         what = m.kind if detail is None else f"{m.kind} {detail}"
         where = " over inner" if m.over_reduction else ""
         store = f" store [{m.index}]" if m.stored else " local"
@@ -56,3 +56,11 @@ def format_schedule(schedule: Schedule) -> str:
         f"  planned peak: {memory.peak_bytes} bytes; {schedule.kernel_count} kernel launches"
     )
     return "\n".join(lines)
+
+
+def _sort(member: KernelMember) -> str | None:
+    spec = member.sort
+    if spec is None:
+        return None
+    order = "descending" if spec.descending else "ascending"
+    return f"{order} {'indices' if spec.indices else 'values'} first {spec.count}"
