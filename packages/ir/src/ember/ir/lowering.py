@@ -359,7 +359,7 @@ class GraphLowering:
                 isinstance(lazy, LazyTensor)
                 and lazy.realized is None
                 and lazy.size == wanted.size
-                and _non_overlapping(wanted)
+                and non_overlapping(wanted)
                 and self.whole_buffer(lazy) is None
             ):
                 layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -379,7 +379,7 @@ class GraphLowering:
             return value
         wanted = Layout.of(val)
         current = self.layouts.get(value.name)
-        if current is None or not _non_overlapping(wanted) or _same_strides(current, wanted):
+        if current is None or not non_overlapping(wanted) or _same_strides(current, wanted):
             return value
         return self._copy(
             value.name, Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -853,7 +853,7 @@ def _is_view_op(arg: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and returns_view(target)
 
 
-def _non_overlapping(layout: Layout) -> bool:
+def non_overlapping(layout: Layout) -> bool:
     """No two indices share a storage element (dense, or with gaps): strides a kernel
     can store to in a fresh `empty_strided` buffer. Proven for all sizes: each stride,
     smallest first, reaches past the farthest element the smaller dimensions reach,

@@ -27,7 +27,13 @@ import torch.fx
 
 from ember.ir.layout import Layout
 from ember.ir.loops import Sort
-from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
+from ember.ir.lowering import (
+    GraphLowering,
+    NotLowerable,
+    int_arg,
+    non_overlapping,
+    register_lowering,
+)
 from ember.ir.symbolic import as_expr, index_var, static_int
 from ember.ir.tensor import LazyTensor, const
 from ember.ir.views import norm_dim
@@ -36,10 +42,17 @@ aten = torch.ops.aten
 
 
 def sort_rows(
-    lowering: GraphLowering, source: LazyTensor, dim: int, count: sympy.Expr, descending: bool
+    lowering: GraphLowering,
+    source: LazyTensor,
+    dim: int,
+    count: sympy.Expr,
+    descending: bool,
+    results: tuple[object, object] = (None, None),
 ) -> tuple[LazyTensor, LazyTensor]:
     """The first `count` values of `source` along `dim` in eager's order, and the
-    positions they came from, each stored in a contiguous buffer."""
+    positions they came from, each stored with the strides of the matching example
+    in `results` (eager's sort keeps its input's dimension order: storing so spares a
+    graph output a copy), or contiguously."""
     ranges = tuple(s for d, s in enumerate(source.size) if d != dim)
     index = [
         index_var("r", 0) if d == dim else index_var("i", d - (d > dim)) for d in range(source.ndim)
@@ -47,12 +60,23 @@ def sort_rows(
     body = source.loader(index)
     size = list(source.size)
     size[dim] = count
-    results = []
+    stored = []
     for indices, dtype in ((False, source.dtype), (True, torch.int64)):
         loop = Sort(ranges, source.size[dim], count, dim, descending, indices, body, dtype)
-        layout = Layout.contiguous(source.device, dtype, tuple(size))
-        results.append(lowering.tensor(lowering.store(loop, layout)))
-    return results[0], results[1]
+        layout = _layout(results[indices], source.device, dtype, tuple(size))
+        stored.append(lowering.tensor(lowering.store(loop, layout)))
+    return stored[0], stored[1]
+
+
+def _layout(
+    example: object, device: torch.device, dtype: torch.dtype, size: tuple[sympy.Expr, ...]
+) -> Layout:
+    if isinstance(example, torch.Tensor):
+        strides = Layout.of(example).stride
+        layout = Layout(device, dtype, size, strides)
+        if len(strides) == len(size) and non_overlapping(layout):
+            return layout
+    return Layout.contiguous(device, dtype, size)
 
 
 def _too_long(lowering: GraphLowering, source: LazyTensor, dim: int) -> str | None:
@@ -75,7 +99,7 @@ def _lower(
     source = lowering.tensor(node.args[0])
     if source.dtype.is_complex:
         raise NotLowerable("a sort of complex values")
-    values = node.meta["val"][0]
+    values, indices = node.meta["val"]
     if source.ndim == 0:
         norm_dim(int_arg(dim_arg), 1)
         if values.numel() != 1:
@@ -87,7 +111,7 @@ def _lower(
     if reason is not None:
         return lowering.intentional_extern(node, reason)
     count = as_expr(values.shape[dim])
-    return sort_rows(lowering, source, dim, count, descending)
+    return sort_rows(lowering, source, dim, count, descending, (values, indices))
 
 
 @register_lowering(aten.sort.default)
