@@ -52,3 +52,17 @@ def test_uninitialised_and_unsupported_cases_are_skipped(op_db: list[object]) ->
     assert check_op(by_name["bernoulli"], torch.float32).outcome == "skip"
     # NaN where eager has NaN is a pass, not a spurious "random op" (0-dim NaN output).
     assert check_op(by_name["__rpow__"], torch.float32).outcome == "pass"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_sorts_pass_strict_without_fallbacks(op_db: list[object], dtype: torch.dtype) -> None:
+    """sort, argsort, msort and topk compile to ember's sort kernels; their samples
+    hold ties, whose order eager's unstable sort (and topk) leaves unspecified: index
+    outputs are judged by the values they pick (`TIE_ORDERED`)."""
+    from ember.runtime import config
+
+    by_name = {op_label(op): op for op in op_db}
+    with config.scope(fallback=False, strict=True):
+        outcomes = [check_op(by_name[n], dtype) for n in ("sort", "argsort", "msort", "topk")]
+    assert {o.outcome for o in outcomes} <= {"pass", "skip"}, outcomes
+    assert sum(o.outcome == "pass" for o in outcomes) >= 3

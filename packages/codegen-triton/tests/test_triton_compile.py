@@ -105,6 +105,11 @@ def _x(*shape: int) -> torch.Tensor:
         ("cummin_bool", lambda x: torch.cummin(x > 0, -1), (randn(16, 500),), {}),
         ("logcumsumexp", lambda x: torch.logcumsumexp(x, -1), (randn(16, 3000),), {}),
         ("cumsum_int", lambda x: (x > 0).cumsum(-1), (randn(16, 300),), {}),
+        ("sort", lambda x: torch.sort(x, -1), (_x(16, 1024),), {}),
+        ("sort_descending_bf16", lambda x: torch.sort(x, 0, descending=True), (_x(300, 8),), {}),
+        ("topk", lambda x: torch.topk(x, 5, -1), (randn(64, 100),), {}),
+        ("argsort_bool", lambda x: torch.argsort(x > 0, dim=-1), (randn(16, 33),), {}),
+        ("sort_int64", lambda x: torch.sort((x * 9).long(), -1), (randn(8, 7),), {}),
         (
             "scatter",
             lambda x, y, z: x.index_add(0, y, z),

@@ -44,6 +44,25 @@ UNSPECIFIED = (
     "empty_permuted",
 )
 
+# Ops that leave the order of equal values unspecified (an unstable sort, topk): op
+# name -> where `dim` sits among the positional arguments after the input. Their index
+# outputs are judged by the input values they pick, not by the positions.
+TIE_ORDERED = {"sort": 0, "argsort": 0, "topk": 1}
+
+
+def _picked(name: str, sample: Any, x: Any, leaves: list[Any]) -> list[Any]:
+    """`leaves` (the op's flat outputs) with the index output replaced by the values of
+    `x` it picks, for a TIE_ORDERED op that is not a stable sort."""
+    args, kwargs = tuple(sample.args), dict(sample.kwargs)
+    if name not in TIE_ORDERED or kwargs.get("stable") or not isinstance(x, torch.Tensor):
+        return leaves
+    if x.dim() == 0:
+        return leaves
+    at = TIE_ORDERED[name]
+    dim = args[at] if len(args) > at else kwargs.get("dim", -1)
+    k = len(leaves) - 1  # the indices come last
+    return [*leaves[:k], x.gather(dim, leaves[k])]
+
 
 @dataclass
 class Outcome:
@@ -183,6 +202,10 @@ def check(info: Any, dtype: torch.dtype, allow_fallback: bool) -> Outcome:
             reference = pytree.tree_leaves(fn(*ref_inputs))
         except Exception:
             reference, ref_inputs = exp_flat, eager_inputs
+    name = info.name.split(".")[-1]
+    act_flat = _picked(name, sample, eager_inputs[0] if eager_inputs else None, act_flat)
+    exp_flat = _picked(name, sample, eager_inputs[0] if eager_inputs else None, exp_flat)
+    reference = _picked(name, sample, ref_inputs[0] if ref_inputs else None, reference)
     for k, (got, want, ref) in enumerate(zip(act_flat, exp_flat, reference, strict=True)):
         why = _close(got, ref, dtype)
         if (

@@ -17,6 +17,7 @@ from ember.ir import (  # noqa: F401
     random,
     reduction,
     scan,
+    sort,
     views,
 )
 from ember.ir.errors import (
@@ -48,7 +49,15 @@ from ember.ir.interpreter import (
     run_program,
 )
 from ember.ir.layout import Layout, conforms, laid_out, offset_symbol
-from ember.ir.loops import REDUCTION_KINDS, SCAN_KINDS, Pointwise, Reduction, Scan, Scatter
+from ember.ir.loops import (
+    REDUCTION_KINDS,
+    SCAN_KINDS,
+    Pointwise,
+    Reduction,
+    Scan,
+    Scatter,
+    Sort,
+)
 from ember.ir.lowering import (
     INTENTIONAL_EXTERNS,
     LOWERINGS,
@@ -113,6 +122,7 @@ __all__ = [
     "Scan",
     "Scatter",
     "SizeInput",
+    "Sort",
     "VerificationError",
     "Where",
     "argument_value",

@@ -21,7 +21,7 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
 
 from ember.ir.errors import IndexOutOfBounds, index_error_message
 from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
-from ember.ir.loops import Pointwise, Scan, Scatter
+from ember.ir.loops import Pointwise, Scan, Scatter, Sort
 from ember.ir.nodes import ComputedBuffer
 from ember.ir.random import normal, uniform
 from ember.ir.symbolic import evaluate, index_var, indirect_var
@@ -264,6 +264,13 @@ def run_loop(
         body = BodyEvaluator(env, bindings, ranges, (length,)).run(loop.body)
         body = body.to(loop.body.dtype).broadcast_to((*ranges, length))
         values = scan_values(body, loop.kind).movedim(-1, loop.axis)
+    elif isinstance(loop, Sort):
+        length = int(evaluate(loop.length, bindings))
+        count = int(evaluate(loop.count, bindings))
+        body = BodyEvaluator(env, bindings, ranges, (length,)).run(loop.body)
+        body = body.to(loop.body.dtype).broadcast_to((*ranges, length))
+        found = sort_values(body, loop.descending, count, indices=loop.indices)
+        values = found.movedim(-1, loop.axis)
     elif isinstance(loop, Pointwise):
         values = (
             BodyEvaluator(env, bindings, ranges)
@@ -304,6 +311,17 @@ def scan_values(values: torch.Tensor, kind: str) -> torch.Tensor:
         bottom = torch.cummin(values, -1)
         return bottom.values if kind == "min" else bottom.indices
     raise ValueError(f"unknown scan {kind!r}")
+
+
+def sort_values(
+    values: torch.Tensor, descending: bool, count: int, *, indices: bool
+) -> torch.Tensor:
+    """The first `count` values of each row (last dimension) of `values` in the order
+    of ember.ir.loops.Sort, or with `indices` the positions they came from: torch's own
+    stable sort, whose NaN and tie rules the node is defined by."""
+    found = torch.sort(values, dim=-1, descending=descending, stable=True)
+    chosen = found.indices if indices else found.values
+    return chosen[..., :count]
 
 
 def _reduce(values: torch.Tensor, kind: str) -> torch.Tensor:

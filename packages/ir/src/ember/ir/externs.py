@@ -37,9 +37,9 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
                "lu_unpack", "linalg_pinv", "linalg_polar", "linalg_matrix_sqrth"),
     # FFT libraries (pocketfft, cuFFT); complex results are outside the loop IR
     "fft": ("_fft_r2c", "_fft_c2c", "_fft_c2r"),
-    # sorting and selection: need a Sort node (planned, ARCHITECTURE.md)
-    "sort": ("sort", "topk", "kthvalue", "median", "nanmedian", "mode", "searchsorted",
-             "bucketize", "_unique2", "unique_consecutive", "unique_dim", "msort", "argsort"),
+    # selection and searching not yet lowered (sort and topk are: ember.ir.sort)
+    "selection": ("kthvalue", "median", "nanmedian", "mode", "searchsorted", "bucketize",
+                  "_unique2", "unique_consecutive", "unique_dim"),
     # results whose size depends on the data: the IR's sizes are known before running
     "data_dependent": ("nonzero", "masked_select"),
 }  # fmt: skip

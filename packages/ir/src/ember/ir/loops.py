@@ -6,7 +6,10 @@
 reduction ranges. `Scan(ranges, length, axis, kind, body, dtype)` evaluates `body` at
 every point of `ranges` x `[length]` (the scanned position is `r0`) and stores, at each
 point, the running combination of the body along `r0` up to and including it (cumsum,
-cummax...). `Scatter(ranges, index, indirect, body, reduce)` stores (or combines)
+cummax...). `Sort(ranges, length, count, axis, descending, indices, body, dtype)`
+evaluates `body` along `r0` in `[length]` at every outer point, orders those values
+and stores the first `count` of them (or their positions) along the sorted dimension
+(sort, argsort, topk). `Scatter(ranges, index, indirect, body, reduce)` stores (or combines)
 `body` at storage offset `index` of the buffer it mutates, an index that may depend on
 data through `indirect` (scatter, index_put).
 
@@ -107,6 +110,36 @@ class Scan:
 
 
 @dataclass(frozen=True)
+class Sort:
+    """The values of a row ordered, or the positions they came from (sort, topk).
+
+    At every outer point (`ranges`, variables `i0, i1, ...`) the body is evaluated at
+    `r0 = 0 .. length - 1`; those values are ordered ascending (`descending=False`) or
+    descending, and the first `count` of the order are stored along dimension `axis`
+    of the result: the values themselves (as `dtype`, the body's), or with
+    `indices=True` the `r0` each came from (int64). The order is eager's: NaN is larger
+    than every number (last ascending, first descending), -0.0 equals 0.0, and equal
+    values keep their input order (the order of a stable sort, which is also one valid
+    order for an unstable sort or a topk). So the result is a function of the values
+    alone, which lets every codegen and the interpreter agree bit for bit.
+    """
+
+    ranges: tuple[sympy.Expr, ...]
+    length: sympy.Expr
+    count: sympy.Expr  # k of a topk; `length` for a sort
+    axis: int
+    descending: bool
+    indices: bool
+    body: Node
+    dtype: torch.dtype
+
+    @property
+    def result_size(self) -> tuple[sympy.Expr, ...]:
+        """The sizes of the result, in its dimension order."""
+        return (*self.ranges[: self.axis], self.count, *self.ranges[self.axis :])
+
+
+@dataclass(frozen=True)
 class Scatter:
     ranges: tuple[sympy.Expr, ...]
     index: sympy.Expr
@@ -119,7 +152,7 @@ class Scatter:
         return self.body.dtype
 
 
-Loop = Pointwise | Reduction | Scan | Scatter
+Loop = Pointwise | Reduction | Scan | Sort | Scatter
 
 
 def loop_bodies(loop: Loop) -> tuple[Node, ...]:

@@ -97,6 +97,10 @@ class LoweringOptions:
     # instead of reading or writing outside the buffer. The runtime maps
     # EMBER_INDEX_CHECKS=0 to False, for kernels whose indices are known good.
     index_checks: bool = True
+    # (device type, longest row its codegen sorts): a sort or topk along a longer (or a
+    # symbolic) dimension on such a device stays an ATen call, with the reason logged.
+    # The runtime asks for the Triton codegen's limit on CUDA; C++ sorts any length.
+    sort_limits: tuple[tuple[str, int], ...] = ()
 
 
 # The lowering table: ATen overload -> function building IR for one node (used with
@@ -280,6 +284,16 @@ class GraphLowering:
                 log.info("no lowering for %s: falling back to the ATen kernel", op_name)
         return self._extern(node, fallback=not intentional)
 
+    def intentional_extern(self, node: torch.fx.Node, reason: str) -> Any:
+        """Keep `node` an ATen call on purpose, from inside its lowering (a case the
+        codegens do not cover by design, such as a sort longer than a GPU block): not a
+        fallback, so allowed under EMBER_FALLBACK=0; `reason` is logged once."""
+        message = f"{node.target} stays an ATen call: {reason}"
+        if message not in _fallbacks_logged:
+            _fallbacks_logged.add(message)
+            log.info("%s", message)
+        return self._extern(node)
+
     def _lower_with_effects(self, node: torch.fx.Node) -> tuple[Any, ...]:
         """`with_effects(token, op, *args)`: AOTAutograd threads an effect token through
         ops registered as effectful (the error checks of linalg ops). The op becomes an
@@ -375,7 +389,7 @@ class GraphLowering:
                 isinstance(lazy, LazyTensor)
                 and lazy.realized is None
                 and lazy.size == wanted.size
-                and _non_overlapping(wanted)
+                and non_overlapping(wanted)
                 and self.whole_buffer(lazy) is None
             ):
                 layout = Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -395,7 +409,7 @@ class GraphLowering:
             return value
         wanted = Layout.of(val)
         current = self.layouts.get(value.name)
-        if current is None or not _non_overlapping(wanted) or _same_strides(current, wanted):
+        if current is None or not non_overlapping(wanted) or _same_strides(current, wanted):
             return value
         return self._copy(
             value.name, Layout(wanted.device, wanted.dtype, wanted.size, wanted.stride)
@@ -881,7 +895,7 @@ def _is_view_op(arg: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and returns_view(target)
 
 
-def _non_overlapping(layout: Layout) -> bool:
+def non_overlapping(layout: Layout) -> bool:
     """No two indices share a storage element (dense, or with gaps): strides a kernel
     can store to in a fresh `empty_strided` buffer. Proven for all sizes: each stride,
     smallest first, reaches past the farthest element the smaller dimensions reach,

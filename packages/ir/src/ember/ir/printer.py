@@ -8,7 +8,7 @@ import sympy
 import torch
 
 from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
-from ember.ir.loops import Pointwise, Reduction, Scan, Scatter
+from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, Sort
 from ember.ir.nodes import (
     BufferRef,
     ComputedBuffer,
@@ -125,6 +125,13 @@ def _format_loop(buffer: ComputedBuffer) -> list[str]:
     elif isinstance(loop, Scan):
         carried = _dtype(loop.body.dtype)
         head = f"scan {loop.kind} [{ranges}] along [{loop.length}] at dim {loop.axis} ({carried})"
+    elif isinstance(loop, Sort):
+        order = "descending" if loop.descending else "ascending"
+        what = "indices" if loop.indices else "values"
+        head = (
+            f"sort {order} {what} [{ranges}] along [{loop.length}] at dim {loop.axis}"
+            f" first {loop.count}"
+        )
     else:
         how = f" reduce={loop.reduce}" if loop.reduce else ""
         head = f"scatter [{ranges}] at [{loop.index}]{how}"

@@ -24,6 +24,7 @@ from ember.ir.loops import (
     Reduction,
     Scan,
     Scatter,
+    Sort,
     loop_bodies,
 )
 from ember.ir.nodes import (
@@ -145,6 +146,9 @@ def _check_loop(
     if isinstance(loop, Scan):
         _check_scan(where, buffer, loop)
         variables.add(index_var("r", 0))
+    if isinstance(loop, Sort):
+        _check_sort(where, buffer, loop)
+        variables.add(index_var("r", 0))
     if isinstance(loop, Scatter) and loop.reduce not in SCATTER_REDUCE:
         raise VerificationError(f"{where}: unknown scatter reduction {loop.reduce!r}")
     if buffer.layout.dtype != loop.dtype:
@@ -154,7 +158,7 @@ def _check_loop(
     ranges = {index_var("i", d): r for d, r in enumerate(loop.ranges)}
     if isinstance(loop, Reduction):
         ranges |= {index_var("r", d): r for d, r in enumerate(loop.reduction_ranges)}
-    if isinstance(loop, Scan):
+    if isinstance(loop, (Scan, Sort)):
         ranges[index_var("r", 0)] = loop.length
     for root in loop_bodies(loop):
         for node in walk(root):
@@ -162,6 +166,25 @@ def _check_loop(
     if isinstance(loop, Scatter):
         allowed = variables | symbols | {indirect_var(k) for k in range(len(loop.indirect))}
         _check_symbols(where, loop.index, allowed)
+
+
+def _check_sort(where: str, buffer: ComputedBuffer, loop: Sort) -> None:
+    """A sort's axis, result sizes, kept count and stored dtype."""
+    if not 0 <= loop.axis <= len(loop.ranges):
+        raise VerificationError(f"{where}: sort axis {loop.axis} of {len(loop.ranges) + 1} dims")
+    if tuple(buffer.layout.size) != loop.result_size:
+        raise VerificationError(
+            f"{where}: sort result {list(loop.result_size)} stored as {list(buffer.layout.size)}"
+        )
+    over = sympy.simplify(loop.count - loop.length)
+    if loop.count.is_negative or (over.is_number and over > 0):
+        raise VerificationError(f"{where}: keeps {loop.count} of {loop.length} sorted values")
+    wanted = torch.int64 if loop.indices else loop.body.dtype
+    if loop.dtype != wanted:
+        what = "indices" if loop.indices else "values"
+        raise VerificationError(f"{where}: sort {what} stored as {loop.dtype}, not {wanted}")
+    if loop.body.dtype.is_complex:
+        raise VerificationError(f"{where}: sort of complex values")
 
 
 def _check_scan(where: str, buffer: ComputedBuffer, loop: Scan) -> None:

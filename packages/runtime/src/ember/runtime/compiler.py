@@ -42,6 +42,7 @@ from ember.runtime.kernels import (
     Launcher,
     compile_kernels,
     scheduling_choices,
+    sort_limits,
     unsupported_ops,
     wants_loops,
 )
@@ -285,6 +286,7 @@ def _build(
             allow_fallback=config.fallback,
             loops=loops,
             unsupported_ops=unsupported_ops(devices, config.kernels) if loops else frozenset(),
+            sort_limits=sort_limits(devices, config.kernels),
             recompute_shared=recompute_shared(devices),
             index_checks=config.index_checks,
         )

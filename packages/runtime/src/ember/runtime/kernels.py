@@ -98,6 +98,16 @@ def unsupported_ops(devices: set[torch.device], mode: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def sort_limits(devices: set[torch.device], mode: str) -> tuple[tuple[str, int], ...]:
+    """The longest row each device's codegen sorts (lowering keeps longer sorts and
+    topks ATen calls): a Triton block's on CUDA; C++ sorts rows of any length."""
+    if mode != "auto" or not any(d.type == "cuda" for d in devices):
+        return ()
+    from ember.codegen.triton import MAX_SORT_LENGTH
+
+    return (("cuda", MAX_SORT_LENGTH),)
+
+
 def scheduling_choices(devices: set[torch.device]) -> DeviceChoices:
     """The scheduler's device-specific choices: the codegen's own for a single-device
     graph, the defaults otherwise."""

@@ -12,8 +12,10 @@ from ember.scheduler.kernel import (
     REDUCTION,
     SCAN,
     SCATTER,
+    SORT,
     FusedKernel,
     KernelMember,
+    SortSpec,
 )
 from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import (
@@ -35,6 +37,7 @@ __all__ = [
     "REDUCTION",
     "SCAN",
     "SCATTER",
+    "SORT",
     "Allocation",
     "DeviceChoices",
     "ExternCall",
@@ -45,6 +48,7 @@ __all__ = [
     "MemoryPlan",
     "Schedule",
     "SelectOutput",
+    "SortSpec",
     "Step",
     "computed_bytes",
     "is_static",

@@ -7,10 +7,19 @@ import re
 from collections.abc import Iterable
 
 from ember.ir import ComputedBuffer, Load, Program, Rand, iter_refs, walk
-from ember.ir.loops import Scan, Scatter
+from ember.ir.loops import Scan, Scatter, Sort
 from ember.scheduler.fusion import Group
 from ember.scheduler.iteration import merge_dimensions
-from ember.scheduler.kernel import POINTWISE, REDUCTION, SCAN, SCATTER, FusedKernel, KernelMember
+from ember.scheduler.kernel import (
+    POINTWISE,
+    REDUCTION,
+    SCAN,
+    SCATTER,
+    SORT,
+    FusedKernel,
+    KernelMember,
+    SortSpec,
+)
 
 
 def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKernel]:
@@ -24,6 +33,8 @@ def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKerne
             stored = buffer.name in read_outside or buffer.mutates is not None
             if m.kind == POINTWISE and not stored:
                 continue  # fully inlined into the members that read it
+            if m.kind == SORT and not stored:
+                continue  # an argsort's values: read by nobody
             loop = buffer.loop
             members.append(
                 KernelMember(
@@ -36,6 +47,11 @@ def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKerne
                     over_reduction=m.over_reduction,
                     reduction=getattr(loop, "kind", None) if m.kind == REDUCTION else None,
                     scan=loop.kind if isinstance(loop, Scan) else None,
+                    sort=(
+                        SortSpec(loop.descending, loop.count, loop.indices)
+                        if isinstance(loop, Sort)
+                        else None
+                    ),
                     indirect=loop.indirect if isinstance(loop, Scatter) else (),
                     scatter_reduce=loop.reduce if isinstance(loop, Scatter) else None,
                     mutates=buffer.mutates,
@@ -125,6 +141,8 @@ def _kernel_name(number: int, group: Group, origins: tuple[str, ...]) -> str:
     kind = (
         "scan"
         if any(m.kind == SCAN for m in group.members)
+        else "sort"
+        if any(m.kind == SORT for m in group.members)
         else "red"
         if group.reduction_ranges
         else "scatter"

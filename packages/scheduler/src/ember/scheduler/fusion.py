@@ -20,7 +20,9 @@ A scan (cumsum, cummax, ...) joins only another scan over the same outer x inner
 space that reads nothing the group computes (cummax's values beside its indices):
 its inner dimension is walked in order carrying running values, which no pointwise
 or reduction member of a kernel expects. Its producer is already inlined into its
-body by lowering; its readers run in kernels of their own.
+body by lowering; its readers run in kernels of their own. A sort likewise joins only
+a sort of the same body over the same space in the same direction (sort's values
+beside its indices), so that codegens sort the row once for both.
 
 Scatters and mutations of inputs stay alone; extern calls are never fused and nothing
 is fused across them when they read what a node of the group computes.
@@ -49,12 +51,12 @@ from ember.ir import (
     walk,
 )
 from ember.ir.expr import map_dag, map_indices, replace_index
-from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, loop_bodies
+from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, Sort, loop_bodies
 from ember.ir.symbolic import index_var, product
 from ember.scheduler.choices import DeviceChoices
 from ember.scheduler.indexing import affine_coefficient, body_exprs, hint, store_index
 from ember.scheduler.iteration import merge_loop
-from ember.scheduler.kernel import POINTWISE, REDUCTION, SCAN, SCATTER
+from ember.scheduler.kernel import POINTWISE, REDUCTION, SCAN, SCATTER, SORT
 
 
 @dataclass
@@ -98,6 +100,8 @@ def _kind(buffer: ComputedBuffer) -> str:
         return SCATTER
     if isinstance(buffer.loop, Scan):
         return SCAN
+    if isinstance(buffer.loop, Sort):
+        return SORT
     return REDUCTION if isinstance(buffer.loop, Reduction) else POINTWISE
 
 
@@ -499,6 +503,8 @@ class Fuser:
         kind = _kind(buffer)
         if kind == SCAN or any(m.kind == SCAN for m in group.members):
             return self._try_scan_sibling(group, buffer)
+        if kind == SORT or any(m.kind == SORT for m in group.members):
+            return self._try_sort_sibling(group, buffer)
         ranges, reduction_ranges = group.ranges, group.reduction_ranges
         loop = buffer.loop
         widened: Placement | None = None
@@ -543,6 +549,31 @@ class Fuser:
         if blocked is not None:
             return blocked
         member = Member(buffer, SCAN, loop.body, self.store_indices[buffer.name], False)
+        return member, self._score(group, buffer, loop.body)
+
+    def _try_sort_sibling(self, group: Group, buffer: ComputedBuffer) -> tuple[Member, int] | str:
+        """`buffer` as one more sort of a group of sorts of the same row: the same body
+        over the same space, in the same direction, keeping as many; or why not."""
+        loop = buffer.loop
+        first = group.members[0].buffer.loop
+        if not (isinstance(loop, Sort) and isinstance(first, Sort)):
+            return "a sort kernel holds sorts of one row only"
+        same = (loop.ranges, loop.length, loop.count, loop.axis, loop.descending, loop.body)
+        if same != (
+            first.ranges,
+            first.length,
+            first.count,
+            first.axis,
+            first.descending,
+            first.body,
+        ):
+            return "it sorts another row, or in another order"
+        if group.names() & self._reads(buffer):
+            return "it sorts what that sort kernel computes"
+        blocked = self._dependencies_block(group, buffer)
+        if blocked is not None:
+            return blocked
+        member = Member(buffer, SORT, loop.body, self.store_indices[buffer.name], False)
         return member, self._score(group, buffer, loop.body)
 
     def _members_as_placed(
@@ -660,11 +691,14 @@ def _near(a: sympy.Expr, b: sympy.Expr) -> bool:
     return isinstance(delta, sympy.Integer) and abs(int(delta)) <= NEAR_ELEMENTS
 
 
-def inner_ranges(loop: Pointwise | Reduction | Scan | Scatter) -> tuple[sympy.Expr, ...]:
-    """The inner (`r`) dimensions of a loop's kernel: reduced, or scanned in order."""
+def inner_ranges(
+    loop: Pointwise | Reduction | Scan | Sort | Scatter,
+) -> tuple[sympy.Expr, ...]:
+    """The inner (`r`) dimensions of a loop's kernel: reduced, scanned in order, or
+    sorted."""
     if isinstance(loop, Reduction):
         return loop.reduction_ranges
-    if isinstance(loop, Scan):
+    if isinstance(loop, (Scan, Sort)):
         return (loop.length,)
     return ()
 

@@ -10,7 +10,7 @@ import sympy
 from torch.utils._sympy.functions import ModularIndexing
 
 from ember.ir import ComputedBuffer, IndexExpr, Load, Node, Rand, walk
-from ember.ir.loops import Scan, Scatter
+from ember.ir.loops import Scan, Scatter, Sort
 from ember.ir.symbolic import index_var, is_loop_var, product
 
 ONE = sympy.Integer(1)
@@ -22,7 +22,8 @@ def store_index(buffer: ComputedBuffer) -> sympy.Expr:
     A loop's points map to the layout's elements in row-major order (the IR's contract;
     for welford the layout has a trailing dimension of 2 for mean and M2 and the index
     is that of the mean; for a scan the scanned dimension of the layout is `r0`'s, the
-    others the outer variables'). Size-1 dimensions are skipped, so the common case
+    others the outer variables'; for a sort it is `r0`'s too, over the kept count).
+    Size-1 dimensions are skipped, so the common case
     gives the plain affine `offset + sum(i_k * stride_k)`.
     """
     layout = buffer.layout
@@ -36,6 +37,8 @@ def store_index(buffer: ComputedBuffer) -> sympy.Expr:
     every = [(index_var("i", k), r) for k, r in enumerate(loop.ranges)]
     if isinstance(loop, Scan):
         every.insert(loop.axis, (index_var("r", 0), loop.length))
+    if isinstance(loop, Sort):
+        every.insert(loop.axis, (index_var("r", 0), loop.count))
     dims = [(var, r) for var, r in every if r != ONE]
     kept = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != ONE]
     if len(dims) == len(kept) and all(r == s for (_, r), (s, _) in zip(dims, kept, strict=True)):

@@ -2,8 +2,8 @@
 
 Each fused kernel is evaluated the way its contract (kernel.py) says a codegen must run
 it: members in order over the kernel's iteration space, reductions combined over the
-inner dimensions, scans carried along it, loads of kernel-local reductions reading the
-value for the current outer point. Comparing `run_schedule` with the IR's
+inner dimensions, scans carried along it, sorts ordering it, loads of kernel-local
+reductions reading the value for the current outer point. Comparing `run_schedule` with the IR's
 `run_program` tests the scheduler's fusion decisions without any code generator;
 comparing a codegen's kernels with it tells codegen bugs from scheduling bugs.
 """
@@ -17,10 +17,10 @@ import sympy
 import torch
 
 from ember.ir import Layout, argument_value, bind_symbols, call_extern, evaluate
-from ember.ir.evaluate import BodyEvaluator, _reduce, scan_values, storage_of
+from ember.ir.evaluate import BodyEvaluator, _reduce, scan_values, sort_values, storage_of
 from ember.ir.interpreter import conform
 from ember.ir.symbolic import indirect_var
-from ember.scheduler.kernel import REDUCTION, SCAN, SCATTER, FusedKernel, KernelMember
+from ember.scheduler.kernel import REDUCTION, SCAN, SCATTER, SORT, FusedKernel, KernelMember
 from ember.scheduler.schedule import ExternCall, KernelStep, Schedule, SelectOutput
 
 
@@ -94,6 +94,15 @@ def _run_member(
         evaluator = BodyEvaluator(env, bindings, ranges, inner)
         values = evaluator.run(member.body).to(member.body.dtype).broadcast_to((*ranges, *inner))
         _store(target, evaluator.index(member.index), scan_values(values, member.scan))
+        return
+    if member.kind == SORT:
+        assert member.sort is not None
+        values = BodyEvaluator(env, bindings, ranges, inner).run(member.body)
+        values = values.to(member.body.dtype).broadcast_to((*ranges, *inner))
+        count = int(evaluate(member.sort.count, bindings))
+        found = sort_values(values, member.sort.descending, count, indices=member.sort.indices)
+        index = BodyEvaluator(env, bindings, ranges, (count,)).index(member.index)
+        _store(target, index, found)
         return
     space = (*ranges, *inner) if member.over_reduction else ranges
     evaluator = BodyEvaluator(env, bindings, ranges, inner if member.over_reduction else ())

@@ -23,7 +23,7 @@ import sympy
 
 from ember.ir import ComputedBuffer
 from ember.ir.expr import replace_index
-from ember.ir.loops import Pointwise, Reduction, Scan, Scatter
+from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, Sort
 from ember.ir.symbolic import index_var
 from ember.scheduler.indexing import affine_coefficient, body_exprs, hint
 from ember.scheduler.kernel import FusedKernel, KernelMember
@@ -93,8 +93,9 @@ def merge_loop(
     over [B, S] x [D] meets its epilogue read back as [B*S, D] (a view for a matmul).
     `prefixes` picks the dimensions to merge: outer ('i'), reduction ('r') or both."""
     loop = buffer.loop
-    if isinstance(loop, (Scatter, Scan)) or buffer.mutates is not None:
-        # a scan's outer dimensions merge later, in its kernel (merge_dimensions)
+    if isinstance(loop, (Scatter, Scan, Sort)) or buffer.mutates is not None:
+        # a scan's or sort's outer dimensions merge later, in its kernel
+        # (merge_dimensions)
         return buffer, index
     ranges = list(loop.ranges)
     inner = list(loop.reduction_ranges) if isinstance(loop, Reduction) else []

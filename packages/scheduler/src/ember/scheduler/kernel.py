@@ -17,6 +17,15 @@ evaluation order, each rewritten into the kernel's variables:
   stores it at `index` as `layout.dtype`. A scan kernel holds scan members only
   (siblings over the same space, such as cummax's values and indices), each stored;
   codegens run `r0` in order, carrying the running values from one point to the next;
+- a `sort` member orders, at every outer point, the values of `body` along the
+  kernel's one inner dimension `r0` (`r0 = 0 .. length - 1`, the kernel's
+  `reduction_ranges`) by the rule of `sort` (a `SortSpec`: ascending or descending,
+  the order of ember.ir.loops.Sort: NaN largest, ties in input order) and stores the
+  first `sort.count` of that order at `index`, in which `r0` is then the position in
+  the order (`r0 < sort.count` only): the values as `layout.dtype`, or with
+  `sort.indices` the `r0` each value came from (int64). A sort kernel holds sort
+  members only, siblings over the same space and body (sort's values and indices),
+  which codegens may sort once;
 - a `scatter` member (always alone in its kernel) stores `body` at the data-dependent
   `index` (which may use `ind0, ind1, ...`, the values of `indirect`) into the
   storage of the buffer it mutates, combining with `scatter_reduce` when set.
@@ -45,6 +54,16 @@ POINTWISE = "pointwise"
 REDUCTION = "reduction"
 SCATTER = "scatter"
 SCAN = "scan"
+SORT = "sort"
+
+
+@dataclass(frozen=True)
+class SortSpec:
+    """What a sort member keeps of its ordered row (see the module docstring)."""
+
+    descending: bool
+    count: sympy.Expr  # the first `count` of the order are stored
+    indices: bool  # stores positions along the row, not values
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,7 @@ class KernelMember:
     over_reduction: bool = False
     reduction: str | None = None  # the reduction kind ('sum', 'welford', ...)
     scan: str | None = None  # the scan kind ('sum', 'argmax', ...)
+    sort: SortSpec | None = None  # sort members only
     indirect: tuple[Node, ...] = ()  # scatter only
     scatter_reduce: str | None = None  # scatter only
     mutates: str | None = None  # the buffer whose storage this member writes
@@ -98,6 +118,11 @@ class FusedKernel:
     def is_scan(self) -> bool:
         """A scan kernel: its inner dimension is scanned in order, not reduced."""
         return any(m.kind == SCAN for m in self.members)
+
+    @property
+    def is_sort(self) -> bool:
+        """A sort kernel: each outer point orders its row along the inner dimension."""
+        return any(m.kind == SORT for m in self.members)
 
     @property
     def is_scatter(self) -> bool:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ember.ir import format_body, format_program
 
 if TYPE_CHECKING:
-    from ember.scheduler.kernel import FusedKernel
+    from ember.scheduler.kernel import FusedKernel, KernelMember
     from ember.scheduler.schedule import Schedule
 
 
@@ -22,7 +22,7 @@ def format_kernel(kernel: FusedKernel) -> str:
     if kernel.origins:
         lines.append(f"  from {', '.join(kernel.origins)}")
     for m in kernel.members:
-        detail = m.reduction or m.scan
+        detail = m.reduction or m.scan or _sort(m)
         what = m.kind if detail is None else f"{m.kind} {detail}"
         where = " over inner" if m.over_reduction else ""
         store = f" store [{m.index}]" if m.stored else " local"
@@ -62,3 +62,11 @@ def format_schedule(schedule: Schedule) -> str:
         where = f"not fused into {note.other}" if note.other else "alone"
         lines.append(f"  fusion: {note.kernel} {where}: {note.reason}")
     return "\n".join(lines)
+
+
+def _sort(member: KernelMember) -> str | None:
+    spec = member.sort
+    if spec is None:
+        return None
+    order = "descending" if spec.descending else "ascending"
+    return f"{order} {'indices' if spec.indices else 'values'} first {spec.count}"

@@ -650,6 +650,41 @@ template <class T> inline T log_add_exp(T x, T y) {
   if (lo != hi || std::isfinite(lo)) return std::log1p(std::exp(lo - hi)) + hi;
   return x;
 }
+// Sorting (torch.sort, topk). `sort_before` is eager's order of values: NaN above every
+// number (last ascending, first descending), -0.0 equal to 0.0. `sort_row` leaves in
+// order[0..k) the positions of the first k values of values[0..n) in that order, ties
+// in input order: a stable sort of the positions for a whole row; for the first k
+// only, a partial selection whose ties are broken by position, which is the same order.
+template <bool Descending, class T> inline bool sort_before(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (Descending) return (a > b) | ((a != a) & (b == b));
+    else return (a < b) | ((a == a) & (b != b));
+  } else if constexpr (Descending) {
+    return a > b;
+  } else {
+    return a < b;
+  }
+}
+template <bool Descending, class T>
+inline void sort_row(const T* values, int64_t* order, int64_t n, int64_t k) {
+  for (int64_t j = 0; j < n; ++j) order[j] = j;
+  const auto before = [values](int64_t x, int64_t y) {
+    return sort_before<Descending>(values[x], values[y]);
+  };
+  if (k >= n) {
+    std::stable_sort(order, order + n, before);
+    return;
+  }
+  const auto ranked = [&before](int64_t x, int64_t y) {
+    return before(x, y) || (!before(y, x) && x < y);
+  };
+  if (k * 8 <= n) {
+    std::partial_sort(order, order + k, order + n, ranked);
+  } else {
+    std::nth_element(order, order + k, order + n, ranked);
+    std::sort(order, order + k, ranked);
+  }
+}
 template <class T> inline void welford_combine(T& mean, T& m2, T& n, T mean_b, T m2_b, T n_b) {
   if (n_b == T(0)) return;
   if (n == T(0)) { mean = mean_b; m2 = m2_b; n = n_b; return; }

@@ -25,8 +25,9 @@ from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
 from ember.codegen.cpp.prelude import PRELUDE
 from ember.codegen.cpp.reduction_loops import ReductionEmitter
 from ember.codegen.cpp.scan_loops import emit_scan
+from ember.codegen.cpp.sort_loops import emit_sort
 from ember.codegen.cpp.transpose_loops import emit_transposed, transposed_dim
-from ember.scheduler import FusedKernel
+from ember.scheduler import FusedKernel, KernelMember
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -95,6 +96,8 @@ def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
         emit_scatter(e)
     elif kernel.is_scan:
         emit_scan(e)
+    elif kernel.is_sort:
+        emit_sort(e)
     elif kernel.is_reduction:
         ReductionEmitter(e).emit()
     elif (d := transposed_dim(kernel)) is not None:
@@ -145,7 +148,14 @@ def _summary(kernel: FusedKernel) -> str:
     if kernel.reduction_ranges:
         text += " over [" + ", ".join(str(r) for r in kernel.reduction_ranges) + "]"
     members = ", ".join(
-        f"{m.name} {m.reduction or m.scan or m.kind}{'' if m.stored else ' (local)'}"
+        f"{m.name} {m.reduction or m.scan or _sort(m) or m.kind}{'' if m.stored else ' (local)'}"
         for m in kernel.members
     )
     return f"{text}: {members}"
+
+
+def _sort(member: KernelMember) -> str | None:
+    if member.sort is None:
+        return None
+    what = "argsort" if member.sort.indices else "sort"
+    return f"{what}{' descending' if member.sort.descending else ''} first {member.sort.count}"

@@ -5,18 +5,27 @@ Renders the scheduler's `FusedKernel`s into Triton source plus launch metadata
 renders text only; the runtime (ember.runtime.triton_kernels) compiles, tunes and
 launches. Modules in processing order: plan (tiling, configs, grid), skeleton
 (signature, block axes), body (DAG -> lines), optable (op -> Triton), helpers
-(@triton.jit helpers: RNG, combines), pointwise, reduction, kernel (entry).
+(@triton.jit helpers: RNG, combines, the pair sort), pointwise, reduction, scan, sort,
+kernel (entry).
 """
 
 from ember.codegen.triton.kernel import TritonKernel, render_kernel
 from ember.codegen.triton.optable import TRITON_OPS, UNSUPPORTED
-from ember.codegen.triton.plan import COLUMN_XBLOCK, GridSpec, KernelPlan, LaunchConfig, plan_kernel
+from ember.codegen.triton.plan import (
+    COLUMN_XBLOCK,
+    MAX_SORT_LENGTH,
+    GridSpec,
+    KernelPlan,
+    LaunchConfig,
+    plan_kernel,
+)
 from ember.codegen.triton.printer import UnsupportedKernelError
 from ember.scheduler import DeviceChoices
 
 __all__ = [
     "COLUMN_XBLOCK",
     "GPU_SMS",
+    "MAX_SORT_LENGTH",
     "TRITON_CHOICES",
     "TRITON_OPS",
     "UNSUPPORTED",

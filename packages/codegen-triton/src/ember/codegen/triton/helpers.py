@@ -164,6 +164,60 @@ def ember_logaddexp_combine(a, b):
     out = tl.where(same_inf, a, out)
     return tl.where((a != a) | (b != b), a + b, out)
 """,
+    "ember_sort_partner": """
+@triton.jit
+def ember_sort_partner(x, DIST: tl.constexpr, ITYPE: tl.constexpr):
+    # For each element of rows of a power-of-two length, the element DIST places away
+    # in its pair (positions p and p ^ DIST). The pairs are picked apart as integer
+    # bits (ITYPE, x's width): a masked sum of bits is exact where one of floats would
+    # turn -0.0 into 0.0 and spread NaN to the other element.
+    bits = tl.reshape(x.to(ITYPE, bitcast=True), [x.numel // (2 * DIST), 2, DIST])
+    side = tl.arange(0, 2)[None, :, None]
+    first = tl.sum(bits * (1 - side), 1)[:, None, :]
+    second = tl.sum(bits * side, 1)[:, None, :]
+    other = tl.where(side == 0, second, first).to(ITYPE)
+    return tl.reshape(other, x.shape).to(x.dtype, bitcast=True)
+""",
+    "ember_sort_before": """
+@triton.jit
+def ember_sort_before(a, a_at, b, b_at, n, DESCENDING: tl.constexpr):
+    # Whether (a, from position a_at) comes before (b, from b_at) in torch's order:
+    # NaN above every number, -0.0 equal to 0.0, equal values in input order, and
+    # padding (positions >= n) after every element. Positions are distinct, so this
+    # is a strict total order and the sort's result is unique.
+    a_nan = a != a
+    b_nan = b != b
+    if DESCENDING:
+        first = (a > b) | (a_nan & ~b_nan)
+        second = (b > a) | (b_nan & ~a_nan)
+    else:
+        first = (a < b) | (b_nan & ~a_nan)
+        second = (b < a) | (a_nan & ~b_nan)
+    by_value = first | (~second & (a_at < b_at))
+    a_real = a_at < n
+    b_real = b_at < n
+    return tl.where(a_real & b_real, by_value, tl.where(a_real | b_real, a_real, a_at < b_at))
+""",
+    "ember_sort_rows": """
+@triton.jit
+def ember_sort_rows(v, k, n, LOG: tl.constexpr, DESCENDING: tl.constexpr, ITYPE: tl.constexpr):
+    # Bitonic sort of each row ([rows, 2**LOG]) of values v with their positions k
+    # (int32, 0 .. 2**LOG - 1 on entry; the first n are real). Stage s merges sorted
+    # runs of 2**(s - 1) into runs of 2**s, ascending and descending in turn (by bit s
+    # of the slot), the last one all in order; each step compares slots 2**j apart.
+    slot = k
+    for s in tl.static_range(1, LOG + 1):
+        falling = ((slot >> s) & 1) != 0
+        for t in tl.static_range(s):
+            # the distance is 2**(s - 1 - t); a constexpr cannot be re-bound in a loop
+            other_v = ember_sort_partner(v, 1 << (s - 1 - t), ITYPE)
+            other_k = ember_sort_partner(k, 1 << (s - 1 - t), tl.int32)
+            right = ((slot >> (s - 1 - t)) & 1) != 0
+            take = ember_sort_before(other_v, other_k, v, k, n, DESCENDING) != (right != falling)
+            v = tl.where(take, other_v, v)
+            k = tl.where(take, other_k, k)
+    return v, k
+""",
     "ember_welford_combine": """
 @triton.jit
 def ember_welford_combine(mean_a, m2_a, count_a, mean_b, m2_b, count_b):
@@ -184,6 +238,7 @@ _CALLS: dict[str, tuple[str, ...]] = {
     "ember_random_bits": ("ember_mix32",),
     "ember_rand_uniform": ("ember_random_bits",),
     "ember_rand_normal": ("ember_rand_uniform",),
+    "ember_sort_rows": ("ember_sort_partner", "ember_sort_before"),
 }
 
 

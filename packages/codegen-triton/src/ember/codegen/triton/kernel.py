@@ -24,6 +24,7 @@ from ember.codegen.triton.plan import (
     POINTWISE_2D,
     SCANS,
     SCATTER,
+    SORT,
     GridSpec,
     LaunchConfig,
     candidate_configs,
@@ -35,7 +36,8 @@ from ember.codegen.triton.reduction import ReductionRenderer
 from ember.codegen.triton.regroup import split_divided_variables
 from ember.codegen.triton.scan import ScanRenderer
 from ember.codegen.triton.skeleton import decorator, parameters, setup_axes
-from ember.scheduler import FusedKernel
+from ember.codegen.triton.sort import SortRenderer
+from ember.scheduler import FusedKernel, KernelMember
 
 # Triton compile options of kernels with index checks (see TritonKernel).
 CHECKED_OPTIONS: tuple[tuple[str, bool], ...] = (("debug", True), ("sanitize_overflow", False))
@@ -111,6 +113,8 @@ def render_kernel(
         render_scatter(positional, body, scope)
     elif plan.kind in SCANS:
         ScanRenderer(positional, plan, body).render(scope)
+    elif plan.kind == SORT:
+        SortRenderer(positional, plan, body).render(scope)
     else:
         ReductionRenderer(positional, plan, body).render(scope)
     function = re.sub(r"^k\d+_", "", sanitize(kernel.name)) or "kernel"
@@ -164,7 +168,7 @@ def _positional(kernel: FusedKernel) -> FusedKernel:
 
 def _summary(kernel: FusedKernel, kind: str) -> str:
     members = ", ".join(
-        f"{m.name}={m.reduction or m.scan or m.kind}" + ("" if m.stored else " (local)")
+        f"{m.name}={m.reduction or m.scan or _sort(m) or m.kind}" + ("" if m.stored else " (local)")
         for m in kernel.members
     )
     ranges = " x ".join(str(r) for r in kernel.ranges) or "1"
@@ -174,3 +178,10 @@ def _summary(kernel: FusedKernel, kind: str) -> str:
 
 
 __all__ = ["TritonKernel", "UnsupportedKernelError", "render_kernel"]
+
+
+def _sort(member: KernelMember) -> str | None:
+    if member.sort is None:
+        return None
+    order = "descending" if member.sort.descending else "ascending"
+    return f"{'argsort' if member.sort.indices else 'sort'} {order} first {member.sort.count}"

@@ -23,6 +23,10 @@ Kinds of kernel:
 - `looped_scan`: block [XBLOCK, RBLOCK], one loop along the row that carries each
   member's running value from block to block. XBLOCK > 1 with a short RBLOCK when the
   loads are contiguous along the outer variables (a cumsum over dim 0).
+- `sort`: block [XBLOCK, RBLOCK] with RBLOCK the whole (static, at most
+  MAX_SORT_LENGTH) sorted row padded to a power of two: one bitonic sort of (value,
+  position) pairs per row. Longer or symbolic rows are never sorted here: lowering
+  keeps them ATen calls (`sort_limits`).
 
 Every grid is one-dimensional (CUDA limits the y and z axes to 65535 blocks): the
 program id is split into the axes' block numbers inside the kernel.
@@ -53,12 +57,16 @@ SCATTER = "scatter"
 PERSISTENT_SCAN = "persistent_scan"
 LOOPED_SCAN = "looped_scan"
 SCANS = (PERSISTENT_SCAN, LOOPED_SCAN)
+SORT = "sort"
 
 # Rows up to this many elements stay in registers (persistent reductions).
 PERSISTENT_MAX_RBLOCK = 8192
 # Scanned rows up to this many elements are scanned in registers at once (wider
 # scans spill: a scan keeps every partial value of the block live).
 PERSISTENT_SCAN_MAX = 1024
+# The longest row a sort kernel sorts: the bitonic network keeps the row's values and
+# positions in registers, and its log2(n)^2 / 2 steps grow past what pays beyond this.
+MAX_SORT_LENGTH = 1024
 # Below this extent a dimension is too short for a 2-D tile to pay.
 MIN_TILE_EXTENT = 16
 # Outputs per program of the first column-reduction config (what the scheduler's
@@ -368,6 +376,8 @@ def plan_kernel(kernel: FusedKernel, *, reduction: str | None = None) -> KernelP
     row = Axis("r", _reduction_vars(kernel), kernel.reduction_ranges)
     rnumel = _static(row.numel)
     rblock = 1 << max(rnumel - 1, 0).bit_length() if rnumel is not None else None
+    if kernel.is_sort:
+        return KernelPlan(SORT, (outer, row), index_type, rblock=rblock)
     if kernel.is_scan:
         limit = 64 if _outer_contiguous(kernel) else PERSISTENT_SCAN_MAX
         if rblock is not None and rblock <= limit and reduction != "looped":
@@ -516,6 +526,11 @@ def config_menu(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ..
         for budget in (1024, 4096):
             xb = max(1, min(budget // rblock, xcap))
             add(4 if xb * rblock <= 2048 else 8, XBLOCK=xb, RBLOCK=rblock)
+    elif plan.kind == SORT:
+        rblock = plan.rblock or 1
+        for budget in (1024, 2048):
+            xb = max(1, min(budget // rblock, xcap))
+            add(4 if xb * rblock <= 1024 else 8, XBLOCK=xb, RBLOCK=rblock)
     elif plan.kind == LOOPED_SCAN and _outer_contiguous(kernel):
         for xb, rb, warps in ((COLUMN_XBLOCK, 16, 4), (32, 32, 4), (128, 8, 4)):
             add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)
