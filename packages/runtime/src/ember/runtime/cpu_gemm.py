@@ -6,7 +6,7 @@ picks `prefer`:
 
 - "auto" (default): time both on this machine, with operands of the case's sizes and
   strides and `torch.get_num_threads()` threads: ATen's matmul (then the activation as
-  its own op) against oneDNN's linear with the post-op, in turn, three rounds of a few
+  its own op) against oneDNN's linear with the post-op, in turn, five rounds of a few
   calls each, the fastest call of each. oneDNN is chosen where it is at least 5%
   faster; otherwise, and for matmuls too large to time cheaply (over 2^28
   multiply-adds, ~10 ms on one core), ATen: the pass falls back to ATen where unsure.
@@ -101,7 +101,7 @@ def _measure(case: LinearCase) -> bool:
         return result
 
     calls = max(1, min(8, (1 << 22) // max(1, case.m * case.k * case.n)))
-    times = _fastest({"aten": aten, "onednn": onednn}, rounds=3, calls=calls)
+    times = _fastest({"aten": aten, "onednn": onednn}, rounds=5, calls=calls)
     chosen = times["onednn"] <= MARGIN * times["aten"]
     log.info(
         "CPU matmul %s: ATen %.1f us, oneDNN %.1f us: %s",
