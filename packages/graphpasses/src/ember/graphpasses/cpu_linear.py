@@ -4,7 +4,7 @@ ATen runs `addmm` and `mm` on the CPU with MKL's sgemm, and adds nothing in its 
 pass: a following activation is a second pass over the output. oneDNN's linear
 (`torch.ops.mkldnn._linear_pointwise`, the op TorchInductor's CPU backend also calls)
 adds the bias and applies an activation ("post-op") while it writes the output. On the
-2-core AMD Zen 5 development VM it was also 1.2-2.3x faster than MKL for the float32
+2-core AMD Zen 5 development VM it was also 1.1-2.1x faster than MKL for the float32
 shapes of the demo's MLP and transformer block (benchmarks/cpu_gemm.py, results in
 benchmarks/results/cpu-threads-2core-*), and slower for a few small ones: so the pass
 asks a `prefer` function (given by the runtime, which measures each case on this

@@ -22,7 +22,7 @@ The policy, for the demo, `ember bench` and users alike:
   training step, eager and ember alike, benchmarks/results/cpu-threads-2core-*):
   the default (spin, then sleep) is fastest while the machine is quiet and collapses
   while a neighbour holds a core (mean 4.7 ms for a 1.1 ms step); `passive` never
-  collapses (mean 1.7-1.8 ms) but every region then pays a wake-up (fastest 1.6 ms);
+  collapses (mean 1.7-1.8 ms) but every region then pays a wake-up (fastest 1.4-1.6 ms);
   `GOMP_SPINCOUNT=1000` sits between. On a machine shared with steady load, set
   `OMP_WAIT_POLICY=passive` (or use fewer threads than cores) before starting Python.
 """
