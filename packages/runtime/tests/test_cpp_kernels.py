@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from cpp_harness import Case, exact_evaluate, run_compiled, trace
 
 from ember.ir import run_program
-from ember.runtime import cpp_kernels
+from ember.runtime import cpp_kernels, threads
 from ember.runtime.cpp_kernels import CppCompileError, CppKernel, compile_cpp_kernels
 
 torch.manual_seed(0)
@@ -351,6 +351,23 @@ def test_threads_follow_torch(traced: dict[str, Case], compiled: dict[str, Any])
         kernel = compiled[case.kernels[0].name]
         assert kernel.unit.threads[0] == 1
         assert kernel.unit.library.ember_get_max_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
+def test_kernels_share_atens_openmp_runtime(
+    traced: dict[str, Case], compiled: dict[str, Any]
+) -> None:
+    """One runtime, one pool: the kernels' library reads the thread count torch set,
+    without ember setting it (two runtimes keep two counts)."""
+    kernel = compiled[traced["sum_axes"].kernels[0].name]
+    assert len(threads.openmp_runtimes()) == 1
+    before = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            assert kernel.unit.library.ember_get_max_threads() == count
     finally:
         torch.set_num_threads(before)
 

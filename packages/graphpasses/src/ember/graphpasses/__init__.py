@@ -9,6 +9,7 @@ lower) and its default pipeline. See the package README for the files in order.
 from ember.graphpasses.channels_last import channels_last_convolutions, channels_last_training
 from ember.graphpasses.constant_folding import fold_constants
 from ember.graphpasses.conv_bias import convolution_bias_epilogue
+from ember.graphpasses.cpu_linear import LinearCase, cpu_linear, linear_op
 from ember.graphpasses.cse import eliminate_common_subexpressions, merge_common_subexpressions
 from ember.graphpasses.dce import eliminate_dead_code
 from ember.graphpasses.decompositions import (
@@ -60,6 +61,7 @@ __all__ = [
     "CustomOpProfile",
     "GraphPass",
     "GraphPassError",
+    "LinearCase",
     "Match",
     "ModuleCallRecord",
     "PassManager",
@@ -75,12 +77,14 @@ __all__ = [
     "collect_module_call_signatures",
     "compose_permutes",
     "convolution_bias_epilogue",
+    "cpu_linear",
     "default_pipeline",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
     "ember_decompositions",
     "fold_constants",
     "insert_custom_op_guards",
+    "linear_op",
     "match_pattern",
     "merge_common_subexpressions",
     "named_pass",

@@ -54,6 +54,19 @@ COMMUNICATION: tuple[str, ...] = (
 )  # fmt: skip
 
 
+# oneDNN's linear with post-ops (ember.graphpasses.cpu_linear puts it in CPU graphs);
+# absent where torch is built without oneDNN
+ONEDNN: tuple[str, ...] = ("_linear_pointwise",)
+
+
+def _onednn_ops() -> list[torch._ops.OpOverloadPacket]:
+    found = []
+    for name in ONEDNN:
+        with contextlib.suppress(AttributeError, RuntimeError):
+            found.append(getattr(torch.ops.mkldnn, name))
+    return found
+
+
 def _communication_ops() -> list[torch._ops.OpOverloadPacket]:
     found = []
     for name in COMMUNICATION:
@@ -71,5 +84,6 @@ INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
             if hasattr(aten, name)
         ),
         *_communication_ops(),
+        *_onednn_ops(),
     ]
 )

@@ -390,12 +390,11 @@ def _restore_kernel(
 def _restore_cpp(
     entry: dict[str, Any], files: dict[str, bytes], private: Path, units: dict[str, Any]
 ) -> Any:
-    import ctypes
 
     from ember.codegen.cpp import CppSource, KernelInfo
     from ember.codegen.cpp.emitter import KernelCheck
     from ember.codegen.cpp.render import KernelArgument
-    from ember.runtime.cpp_kernels import CompiledUnit, CppKernel
+    from ember.runtime.cpp_kernels import CompiledUnit, CppKernel, load_library
 
     prefix = entry["unit"]
     unit = units.get(prefix)
@@ -414,9 +413,7 @@ def _restore_cpp(
             )
             for info in description["kernels"]
         )
-        loaded = ctypes.CDLL(str(library))
-        loaded.ember_set_num_threads.argtypes = [ctypes.c_int]
-        loaded.ember_set_num_threads.restype = None
+        loaded = load_library(library)
         source = CppSource(description["source"], infos)
         unit = units[prefix] = CompiledUnit(
             library, loaded, source, 0.0, tuple(description["flags"])

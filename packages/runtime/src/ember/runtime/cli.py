@@ -38,6 +38,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo", help="compile built-in models, compare with eager, print a table"
     )
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    demo.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for eager and ember alike (torch.set_num_threads; default: torch's)",
+    )
     bench = commands.add_parser(
         "bench", help="benchmark ember against eager and TorchInductor (benchmarks/README.md)"
     )
@@ -73,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from ember.runtime.demo import run_demo
 
-        return run_demo(args.device)
+        return run_demo(args.device, args.threads)
     if args.command == "bench":
         return run_cli(args)
     if args.command == "explain":

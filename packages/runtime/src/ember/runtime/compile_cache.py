@@ -54,7 +54,7 @@ log = logging.getLogger("ember.runtime")
 
 # Settings that change the compiled artifact (others, e.g. strictness or CUDA graphs,
 # act around it).
-KEYED_SETTINGS = ("fallback", "index_checks", "kernels", "layout", "recompute")
+KEYED_SETTINGS = ("fallback", "index_checks", "kernels", "layout", "recompute", "cpu_gemm")
 _SEPARATOR = "~"  # stands for "/" in entry file names (the store keeps flat names)
 stats = {"hits": 0, "misses": 0, "stored": 0}
 

@@ -36,6 +36,7 @@ from ember.ir import (
 from ember.runtime import compile_cache
 from ember.runtime.artifact import Artifact, runner
 from ember.runtime.config import EmberConfigError, config
+from ember.runtime.cpu_gemm import prefer_for
 from ember.runtime.debug import repro_source, run_directory
 from ember.runtime.explain import EXPLAIN_FILE, matmul_dtypes, schedule_summary
 from ember.runtime.kernels import (
@@ -177,8 +178,11 @@ def compile_graph(
     stage = "passes"
     try:
         with _timed(record, stage):
+            cpu = any(d.type == "cpu" for d in _devices(gm))
             pipeline = default_pipeline(
-                dump_dir=debug / "passes" if debug else None, layout_devices=config.layout_devices
+                dump_dir=debug / "passes" if debug else None,
+                layout_devices=config.layout_devices,
+                cpu_linear_prefer=prefer_for(config.cpu_gemm) if cpu else None,
             )
             gm, report = pipeline.run(gm)
             log.debug("%s", report.format())

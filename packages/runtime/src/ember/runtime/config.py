@@ -274,6 +274,14 @@ KNOBS: dict[str, Knob[Any]] = {
         "the first backward call (no compile for a forward never differentiated); "
         "'auto' (default): eager for CUDA graphs, lazy for CPU ones.",
     ),
+    "cpu_gemm": Knob(
+        "EMBER_CPU_GEMM",
+        lambda text: _choice(text, ("auto", "onednn", "aten")),
+        lambda: "auto",
+        "CPU float32 matmuls (with their bias, and an activation only they read): "
+        "'auto' (default) as oneDNN linears where that measured at least 5% faster on "
+        "this machine, else ATen's addmm/mm; 'onednn' always; 'aten' never.",
+    ),
     "cudagraphs": Knob(
         "EMBER_CUDAGRAPHS",
         lambda text: _choice(text, ("auto", "on", "off")),
@@ -420,6 +428,10 @@ class EmberConfig:
     @property
     def backward(self) -> str:
         return str(self.get("backward"))
+
+    @property
+    def cpu_gemm(self) -> str:
+        return str(self.get("cpu_gemm"))
 
     @property
     def cudagraphs(self) -> str:

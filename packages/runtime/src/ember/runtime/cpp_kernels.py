@@ -6,9 +6,10 @@ loads it with ctypes and returns one callable per kernel. A callable takes torch
 tensors in `kernel.buffer_arguments()` order, then Python ints in
 `kernel.size_arguments()` order, and passes each tensor's *storage* base pointer (the
 kernels index storage offsets). Before each call the OpenMP thread count follows
-`torch.get_num_threads()`. A kernel that can find errors (an index outside its
-dimension, an integer division by zero: `KernelInfo.checks`) gets an error record
-too; when the kernel has set it, the call raises what eager would have raised
+`torch.get_num_threads()`, in the OpenMP runtime ATen uses (ember.runtime.threads). A
+kernel that can find errors (an index outside its dimension, an integer division by
+zero: `KernelInfo.checks`) gets an error record too; when the kernel has set it, the
+call raises what eager would have raised
 (`IndexOutOfBounds`, or a RuntimeError saying ZeroDivisionError), naming the op, the
 graph node and the bad index: the kernel itself never reads or writes outside a
 buffer, nor traps.
@@ -70,6 +71,7 @@ from ember.codegen.cpp import CppSource, KernelInfo, render_kernels
 from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime.cache import FAILED_CPP_STORE, entry_store
 from ember.runtime.store import Entry, EntryStore
+from ember.runtime.threads import check_openmp_runtimes
 from ember.scheduler import FusedKernel
 
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
@@ -230,10 +232,18 @@ def compile_cpp_source(source: CppSource, *, cache_dir: Path) -> CompiledUnit:
             raise CppCompileError(f"the cache entry {entry.directory} holds another unit")
     flags = tuple(json.loads(entry.files[BUILD_RECORD])["flags"])
     library = entry.path(f"{key}.so")
-    loaded = ctypes.CDLL(str(library))  # checked above; see the module docstring
+    loaded = load_library(library)  # checked above; see the module docstring
+    return CompiledUnit(library, loaded, source, seconds, flags)
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    """dlopen a (checked) kernel library; the first one loaded in a process also checks
+    that its OpenMP runtime is ATen's (ember.runtime.threads)."""
+    loaded = ctypes.CDLL(str(path))
     loaded.ember_set_num_threads.argtypes = [ctypes.c_int]
     loaded.ember_set_num_threads.restype = None
-    return CompiledUnit(library, loaded, source, seconds, flags)
+    check_openmp_runtimes()
+    return loaded
 
 
 def _raise_remembered_failure(failures: EntryStore, key: str, text: str) -> None:

@@ -4,6 +4,13 @@ For a transformer block and an MLP, in inference and for a training step (forwar
 backward), it checks ember's outputs (and gradients) against eager, times both, and
 prints one table row per case: compile seconds, eager and ember milliseconds, the
 speedup, the largest error, and the number of kernels ember launches.
+
+Times come from `ember.runtime.timing.compare_ms`: eager and ember run in turn, ten
+rounds of ten calls, and each side's time is its fastest round's median, so that a
+neighbour taking a core of a small shared machine for a while slows both sides alike
+or neither (one median over 20 calls once printed 0.04x on a busy 2-core machine, and
+1.42x on the next run). Both use `torch.get_num_threads()` threads (`--threads` sets
+it), in one OpenMP pool (ember.runtime.threads).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from ember.runtime.compiler import compile_records
 from ember.runtime.config import config
 from ember.runtime.models import MLP, TransformerBlock
 from ember.runtime.table import format_table
-from ember.runtime.timing import median_ms, synchronize
+from ember.runtime.timing import compare_ms, synchronize
 
 
 @dataclass
@@ -77,8 +84,7 @@ def run_case(
             compile_s = time.perf_counter() - start
             errs = [_max_err(out, ref)]
             ok = _close(out, ref)
-            eager_ms = median_ms(lambda: eager(x), device)
-            ember_ms = median_ms(lambda: compiled(x), device)
+            times = compare_ms({"eager": lambda: eager(x), "ember": lambda: compiled(x)}, device)
     else:
 
         def step(
@@ -103,16 +109,21 @@ def run_case(
         ]
         errs = [_max_err(a, b) for a, b in pairs]
         ok = all(_close(a, b) for a, b in pairs) and len(pairs) == len(eager_params) + 1
-        eager_ms = median_ms(lambda: step(eager, eager_params), device)
-        ember_ms = median_ms(lambda: step(compiled, ember_params), device)
+        times = compare_ms(
+            {
+                "eager": lambda: step(eager, eager_params),
+                "ember": lambda: step(compiled, ember_params),
+            },
+            device,
+        )
 
     records = compile_records[first_record:]
     return DemoRow(
         model=name,
         mode=mode,
         compile_s=compile_s,
-        eager_ms=eager_ms,
-        ember_ms=ember_ms,
+        eager_ms=times["eager"],
+        ember_ms=times["ember"],
         max_err=max(errs),
         kernels=sum(r.kernels for r in records),
         ok=ok,
@@ -120,8 +131,10 @@ def run_case(
     )
 
 
-def run_demo(device_name: str | None = None) -> int:
+def run_demo(device_name: str | None = None, threads: int | None = None) -> int:
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if threads:
+        torch.set_num_threads(threads)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(
             "ember demo: --device cuda was asked for, but torch sees no CUDA device",
@@ -129,7 +142,11 @@ def run_demo(device_name: str | None = None) -> int:
         )
         return 2
     cases = [(n, m, s, mode) for n, m, s in _cases(device) for mode in ("inference", "train")]
-    print(f"ember demo on {device} (torch {torch.__version__}), float32", file=sys.stderr)
+    print(
+        f"ember demo on {device} (torch {torch.__version__}), float32, "
+        f"{torch.get_num_threads()} CPU thread(s)",
+        file=sys.stderr,
+    )
     rows: list[DemoRow] = []
     for index, (name, make, shape, mode) in enumerate(cases, start=1):
         print(f"[{index}/{len(cases)}] compiling {name} ({mode}) ...", file=sys.stderr, flush=True)

@@ -8,11 +8,12 @@ keeps compile caches, allocator state and peak memory from leaking between rows.
 
 - cold: time the first call (compile + one run), check it against eager with the
   accuracy rule (float64 reference), then time calls (median after warm-up; CUDA
-  events on GPU) and measure peak memory over one call: on CUDA the caching
-  allocator's peak (`max_memory_allocated`, weights and inputs included); on the CPU
-  the peak of tensor memory allocated during the call above what was allocated when
-  it began (`cpu_peak_allocated`: weights and inputs excluded, since torch keeps no
-  running CPU allocator statistics to read them from).
+  events on GPU; on the CPU the fastest of four round medians, `step_ms`) and
+  measure peak memory over one call: on CUDA the caching allocator's peak
+  (`max_memory_allocated`, weights and inputs included); on the CPU the peak of
+  tensor memory allocated during the call above what was allocated when it began
+  (`cpu_peak_allocated`: weights and inputs excluded, since torch keeps no running
+  CPU allocator statistics to read them from).
 - warm: only the first call, with the caches the cold run filled.
 
 A training step is forward + loss + backward; the loss is taken outside the model.
@@ -49,7 +50,7 @@ from torch import nn
 
 from ember.runtime.accuracy import compare_outputs, largest_error
 from ember.runtime.bench.registry import MODELS, loss_input
-from ember.runtime.timing import median_ms, synchronize
+from ember.runtime.timing import median_ms, steady_ms, synchronize
 
 
 def prepare(name: str, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, list[Any]]:
@@ -158,6 +159,15 @@ def cpu_peak_allocated(fn: Callable[[], Any]) -> int | None:
     return peak
 
 
+def step_ms(fn: Callable[[], Any], device: torch.device, runs: int) -> float:
+    """A step's time: on the CPU the fastest of four round medians (`steady_ms`: the
+    CPU machines are shared, and a neighbour's burst would otherwise be the median);
+    on CUDA the median of `runs` timed with events."""
+    if device.type == "cpu":
+        return steady_ms(fn, device, runs=runs)
+    return median_ms(fn, device, runs=runs)
+
+
 def _peak_memory(fn: Callable[[], Any], device: torch.device) -> int | None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -181,7 +191,7 @@ def measure(
     model, inputs = prepare(name, device, dtype)
     if backend == "eager":
         fn = step_fn(model, inputs, mode)
-        record["ms"] = median_ms(fn, device, runs=runs)
+        record["ms"] = step_ms(fn, device, runs)
         record["peak_mem_bytes"] = _peak_memory(fn, device)
         record["device_kernels"] = _device_kernels(fn, device)
         return record
@@ -229,7 +239,7 @@ def measure(
     if verdict is not None:
         record["mismatch"] = f"output{verdict[1]}: {verdict[0].describe()}"
     del exact, reference, expected, reference_model
-    record["ms"] = median_ms(fn, device, runs=runs)
+    record["ms"] = step_ms(fn, device, runs)
     record["peak_mem_bytes"] = _peak_memory(fn, device)
     record["device_kernels"] = _device_kernels(fn, device)
     if backend == "ember":  # whether each graph replayed CUDA graphs, or why not
