@@ -166,6 +166,10 @@ def test_rows_longer_than_a_devices_limit_stay_aten_calls(caplog: pytest.LogCapt
     symbolic = lower(lambda x: torch.sort(x, 1), torch.randn(4, 9), mode="symbolic",
                      sort_limits=limits)  # fmt: skip
     assert not _sorts(symbolic)
+    with caplog.at_level(logging.INFO, logger="ember.ir"):
+        off = lower(lambda x: torch.topk(x, 2, 1), torch.randn(4, 3), sort_limits=(("cpu", 0),))
+    assert not _sorts(off)  # a limit of 0: the device's sort kernels are off
+    assert "ember's cpu sort kernels are off" in caplog.text
 
 
 def test_verifier_rejects_a_malformed_sort() -> None:

@@ -100,12 +100,17 @@ def unsupported_ops(devices: set[torch.device], mode: str) -> frozenset[str]:
 
 def sort_limits(devices: set[torch.device], mode: str) -> tuple[tuple[str, int], ...]:
     """The longest row each device's codegen sorts (lowering keeps longer sorts and
-    topks ATen calls): a Triton block's on CUDA; C++ sorts rows of any length."""
+    topks ATen calls); C++ sorts rows of any length.
+
+    On CUDA none, for now: ember's Triton sort kernels order every NaN as the largest
+    value, as eager's CPU sort does, but eager's CUDA sort put NaNs with the sign bit
+    set elsewhere (H100, torch 2.11, 2026-11-24: a row of -NaN among ties sorted
+    differently in 300 of 1800 elements, while the kernel matched the CPU order bit
+    for bit). Until the kernels follow the CUDA order, CUDA sorts stay ATen calls
+    (the codegen's own limit is `MAX_SORT_LENGTH`)."""
     if mode != "auto" or not any(d.type == "cuda" for d in devices):
         return ()
-    from ember.codegen.triton import MAX_SORT_LENGTH
-
-    return (("cuda", MAX_SORT_LENGTH),)
+    return (("cuda", 0),)
 
 
 def scheduling_choices(devices: set[torch.device]) -> DeviceChoices:
