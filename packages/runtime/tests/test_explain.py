@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,15 @@ from ember.runtime import config
 from ember.runtime.cli import main
 from ember.runtime.explain import explain, format_explanations
 from ember.runtime.profiling import write_profiles
+
+
+@pytest.fixture(autouse=True)
+def aten_matmuls() -> Iterator[None]:
+    """Matmuls stay ATen's addmm here: under EMBER_CPU_GEMM=auto a timing chooses
+    oneDNN's linear (with the GELU in its output pass) or not, per machine and load,
+    and these tests check the rows of one known schedule."""
+    with config.scope(cpu_gemm="aten"):
+        yield
 
 
 class Block(nn.Module):
