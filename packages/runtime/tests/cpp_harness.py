@@ -9,7 +9,9 @@ and calls the compiled kernels, so results can be compared with the IR interpret
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import sympy
@@ -126,3 +128,38 @@ def run_compiled(
         return tree
 
     return [value(out) for out in program.outputs]
+
+
+def exact_ir_evaluation() -> Iterator[None]:
+    """While it runs (a module fixture's body), `run_program` evaluates size
+    expressions with `exact_evaluate`: it fails on symbolic programs otherwise."""
+    modules = [sys.modules["ember.ir.evaluate"], sys.modules["ember.ir.interpreter"]]
+    saved = [m.evaluate for m in modules]  # type: ignore[attr-defined]
+    for m in modules:
+        m.evaluate = exact_evaluate  # type: ignore[attr-defined]
+    yield
+    for m, original in zip(modules, saved, strict=True):
+        m.evaluate = original  # type: ignore[attr-defined]
+
+
+CaseTable = Mapping[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...], bool]]
+
+
+def trace_cases(cases: CaseTable) -> dict[str, Case]:
+    """Every case of a table of (function, arguments, symbolic) traced."""
+    return {name: trace(name, fn, args, symbolic=sym) for name, (fn, args, sym) in cases.items()}
+
+
+def compile_cases(traced: Mapping[str, Case], cache_dir: Path) -> dict[str, Any]:
+    """The C++ launchers of every traced case's kernels, compiled together."""
+    from ember.runtime.cpp_kernels import compile_cpp_kernels
+
+    kernels = [k for case in traced.values() for k in case.kernels]
+    return compile_cpp_kernels(kernels, cache_dir=cache_dir)
+
+
+def leaves(tree: Any) -> list[Any]:
+    """The tensors of nested lists and tuples, in order."""
+    if isinstance(tree, (list, tuple)):
+        return [leaf for item in tree for leaf in leaves(item)]
+    return [tree]

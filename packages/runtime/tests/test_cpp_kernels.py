@@ -7,7 +7,6 @@ second one. Kernel names are prefixed with the case name so they can share a uni
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from cpp_harness import Case, exact_evaluate, run_compiled, trace
+from cpp_harness import Case, compile_cases, exact_ir_evaluation, leaves, run_compiled, trace_cases
 
 from ember.ir import run_program
 from ember.runtime import cpp_kernels, threads
@@ -251,36 +250,23 @@ OTHER_INPUTS = {
 @pytest.fixture(scope="module", autouse=True)
 def _patched_ir_evaluate() -> Iterator[None]:
     """See `cpp_harness.exact_evaluate`: run_program fails on symbolic programs otherwise."""
-    modules = [sys.modules["ember.ir.evaluate"], sys.modules["ember.ir.interpreter"]]
-    saved = [m.evaluate for m in modules]  # type: ignore[attr-defined]
-    for m in modules:
-        m.evaluate = exact_evaluate  # type: ignore[attr-defined]
-    yield
-    for m, original in zip(modules, saved, strict=True):
-        m.evaluate = original  # type: ignore[attr-defined]
+    yield from exact_ir_evaluation()
 
 
 @pytest.fixture(scope="module")
 def traced(_patched_ir_evaluate: None) -> dict[str, Case]:
-    return {name: trace(name, fn, args, symbolic=sym) for name, (fn, args, sym) in CASES.items()}
+    return trace_cases(CASES)
 
 
 @pytest.fixture(scope="module")
 def compiled(traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    kernels = [k for case in traced.values() for k in case.kernels]
-    return compile_cpp_kernels(kernels, cache_dir=tmp_path_factory.mktemp("cpp-cache"))
-
-
-def _flatten(tree: Any) -> list[Any]:
-    if isinstance(tree, (list, tuple)):
-        return [leaf for item in tree for leaf in _flatten(item)]
-    return [tree]
+    return compile_cases(traced, tmp_path_factory.mktemp("cpp-cache"))
 
 
 def _assert_same(
     got: Any, want: Any, *, exact: bool = False, rtol: float = 1e-5, atol: float = 1e-5
 ) -> None:
-    got_leaves, want_leaves = _flatten(got), _flatten(want)
+    got_leaves, want_leaves = leaves(got), leaves(want)
     assert len(got_leaves) == len(want_leaves)
     for g, w in zip(got_leaves, want_leaves, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)

@@ -4,16 +4,14 @@ strided inputs, empty and symbolic sizes."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
-from cpp_harness import Case, exact_evaluate, run_compiled, trace
+from cpp_harness import Case, compile_cases, exact_ir_evaluation, leaves, run_compiled, trace_cases
 
 from ember.ir import run_program
-from ember.runtime.cpp_kernels import compile_cpp_kernels
 
 NAN, INF = float("nan"), float("inf")
 
@@ -86,30 +84,17 @@ OTHER_INPUTS = {"dynamic": [(torch.randn(3, 700),), (torch.randn(100, 1),)]}
 @pytest.fixture(scope="module", autouse=True)
 def _patched_ir_evaluate() -> Iterator[None]:
     """As in test_cpp_kernels: run_program on symbolic programs needs exact bindings."""
-    modules = [sys.modules["ember.ir.evaluate"], sys.modules["ember.ir.interpreter"]]
-    saved = [m.evaluate for m in modules]  # type: ignore[attr-defined]
-    for m in modules:
-        m.evaluate = exact_evaluate  # type: ignore[attr-defined]
-    yield
-    for m, original in zip(modules, saved, strict=True):
-        m.evaluate = original  # type: ignore[attr-defined]
+    yield from exact_ir_evaluation()
 
 
 @pytest.fixture(scope="module")
 def traced(_patched_ir_evaluate: None) -> dict[str, Case]:
-    return {name: trace(name, fn, args, symbolic=sym) for name, (fn, args, sym) in CASES.items()}
+    return trace_cases(CASES)
 
 
 @pytest.fixture(scope="module")
 def compiled(traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    kernels = [k for case in traced.values() for k in case.kernels]
-    return compile_cpp_kernels(kernels, cache_dir=tmp_path_factory.mktemp("cpp-scan-cache"))
-
-
-def _leaves(tree: Any) -> list[Any]:
-    if isinstance(tree, (list, tuple)):
-        return [leaf for item in tree for leaf in _leaves(item)]
-    return [tree]
+    return compile_cases(traced, tmp_path_factory.mktemp("cpp-scan-cache"))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -119,9 +104,9 @@ def test_scan_kernels_match_interpreter_and_eager(
     case = traced[name]
     assert case.kernels and all(k.is_scan for k in case.kernels)
     for args in [case.args, *OTHER_INPUTS.get(name, [])]:
-        got = _leaves(run_compiled(case, compiled, args))
-        oracle = _leaves(run_program(case.program, [a.clone() for a in args]))
-        eager = _leaves(case.fn(*[a.clone() for a in args]))
+        got = leaves(run_compiled(case, compiled, args))
+        oracle = leaves(run_program(case.program, [a.clone() for a in args]))
+        eager = leaves(case.fn(*[a.clone() for a in args]))
         for g, o, e in zip(got, oracle, eager, strict=True):
             assert g.dtype == e.dtype and g.shape == e.shape
             # float32 sums carry float64 as eager's CPU kernel does: the same numbers
