@@ -76,6 +76,41 @@ def test_each_measurement_reaches_the_records_as_it_ends(monkeypatch: pytest.Mon
     assert records[1].speedup_vs_eager == 2.0
 
 
+def _fake_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.runtime.bench import harness
+
+    def fake_finish(job: Any, timeout_s: float) -> dict[str, Any]:
+        return {"ms": 2.0 if job.record.backend == "eager" else 1.0, "compile_s": 0.1}
+
+    monkeypatch.setattr(harness, "_start", lambda job, options: None)
+    monkeypatch.setattr(harness, "_release", lambda job, go: None)
+    monkeypatch.setattr(harness, "_finish", fake_finish)
+
+
+@pytest.mark.parametrize("force_color", [None, "1"])
+def test_progress_off_a_terminal_is_one_plain_line_per_measurement(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], force_color: str | None
+) -> None:
+    """A CI log or `2> file` gets a line as each measurement starts, no bar redrawn
+    with carriage returns or escape codes, even where FORCE_COLOR makes rich take the
+    log for a terminal."""
+    _fake_measurements(monkeypatch)
+    if force_color is None:
+        monkeypatch.delenv("FORCE_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("FORCE_COLOR", force_color)
+    options = BenchOptions(["mlp"], ["inference"], ["eager", "ember"], prefetch=False)
+    run_bench(options)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err
+    lines = err.splitlines()
+    assert len(lines) == 3  # eager once; ember cold and warm
+    assert lines[0].startswith("ember bench: [1/3] ") and lines[0].endswith(
+        "mlp inference eager (cold)"
+    )
+    assert lines[2].startswith("ember bench: [3/3] ") and lines[2].endswith("ember (warm)")
+
+
 def test_the_time_limit_ends_the_run_and_records_what_was_not_run() -> None:
     options = BenchOptions(["mlp"], ["inference", "train"], ["eager", "ember"], time_limit_s=0)
     records = run_bench(options)

@@ -410,6 +410,67 @@ def _peak_copy(roofs: dict[str, Any]) -> float:
     return max((rate for _, rate in roofs.get("copy_bandwidth", [])), default=0.0)
 
 
+_KIND_COLORS = {"kernel": "#e4572e", "extern": "#4c72b0"}
+
+
+def plot_explanations(explanations: Sequence[GraphExplanation], path: Path) -> Path:
+    """Write a chart of every graph's kernels and ATen calls to `path` (needs
+    matplotlib, as `ember bench --plot`): a horizontal bar per step, its time when the
+    graph was profiled or its floor MB when not, with the fraction of its roof after
+    the bar, so the steps worth working on stand out. One panel per graph, each with its
+    own axis (a profiled graph's ms and another's MB share no scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    graphs = [[r for r in g.rows if r.kind in _KIND_COLORS] for g in explanations]
+    heights = [max(len(rows), 1) for rows in graphs]
+    fig, axes = plt.subplots(
+        len(graphs),
+        1,
+        figsize=(9, 0.3 * sum(heights) + 1.2 * len(graphs)),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+    )
+    for ax, graph, rows in zip(axes[:, 0], explanations, graphs, strict=True):
+        timed = any(r.ms is not None for r in rows)
+        values = [(r.ms if timed else None if r.bytes is None else r.bytes / 1e6) for r in rows]
+        ax.barh(
+            range(len(rows)),
+            [v or 0.0 for v in values],
+            color=[_KIND_COLORS[r.kind] for r in rows],
+        )
+        for y, (row, value) in enumerate(zip(rows, values, strict=True)):
+            if value is None:
+                note = " not timed" if timed else " size unknown"
+            else:
+                note = f" {value:.3g} ms" if timed else f" {value:.3g} MB"
+                if row.roof is not None:
+                    note += f", {100 * row.roof:.0f}% of roof"
+            ax.text(value or 0.0, y, note, va="center", fontsize=8)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{r.name}  ({_short_op(r)})" for r in rows], fontsize=8)
+        ax.invert_yaxis()  # in the order they run
+        # the longest bar ends at 60% of the width: room for the text after it
+        ax.set_xlim(0.0, max((v for v in values if v), default=1.0) / 0.6)
+        ax.set_xlabel("ms per call (median)" if timed else "floor MB (not profiled)")
+        title = graph.graph
+        if timed and graph.call_ms is not None:
+            title += f": {graph.call_ms:.3f} ms per call, {graph.profiled_calls} calls"
+        ax.set_title(title, loc="left", fontsize=10)
+    legend = [
+        Patch(color=c, label=k if k == "kernel" else "ATen call") for k, c in _KIND_COLORS.items()
+    ]
+    axes[0, 0].legend(handles=legend, loc="lower left", bbox_to_anchor=(0.0, 1.08), ncols=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # long kernel names are not clipped
+    plt.close(fig)
+    return path
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "directory",
@@ -434,6 +495,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shared machine every parallel region waits for a busy core; 0: torch's default)",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also write a chart of each graph's steps (ms, or floor MB when not "
+        "profiled, and the fraction of the roof) to PATH; needs matplotlib",
+    )
 
 
 def profile_model(name: str, device: str, calls: int, directory: Path) -> None:
@@ -478,7 +547,16 @@ def run_cli(args: argparse.Namespace) -> int:
         print(json.dumps([_jsonable(e) for e in explanations], indent=1))
     else:
         print_explanations(explanations)
-    return 0 if explanations else 1
+    if not explanations:
+        return 1
+    if args.plot is not None:
+        try:
+            chart = plot_explanations(explanations, args.plot)
+        except ImportError:
+            print("ember explain: --plot needs matplotlib (the bench group)", file=sys.stderr)
+            return 1
+        print(f"chart: {chart}", file=sys.stderr if args.json else sys.stdout)  # JSON stays JSON
+    return 0
 
 
 def _jsonable(explanation: GraphExplanation) -> dict[str, Any]:

@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from ember.runtime.bench.registry import MODELS, ModelSpec, models_for
 
 # "inductor-ro" is Inductor with mode="reduce-overhead": its kernels replayed from CUDA
@@ -93,27 +96,41 @@ class BenchOptions:
         return self.device != "cpu" if self.prefetch is None else self.prefetch
 
 
-class Progress:
-    """A one-line progress bar on stderr (a line per step when stderr is not a terminal)."""
+class _Progress:
+    """The measurements' progress on stderr, drawn by rich.progress: a live bar on a
+    terminal. Anywhere else (a CI log, `2> file`) rich would print the bar only when it
+    stops, and with FORCE_COLOR set it takes a log for a terminal and fills it with
+    cursor movements; there it prints one plain line as each measurement starts."""
 
     def __init__(self, total: int) -> None:
+        self.console = Console(stderr=True, highlight=False)
+        self.live = self.console.is_interactive and sys.stderr.isatty()
+        label = TextColumn("{task.description}")
+        columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), label)
+        self.bar = Progress(*columns, console=self.console, disable=not self.live)
+        self.task = self.bar.add_task("", total=total)
         self.total, self.done, self.start = total, 0, time.perf_counter()
-        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> _Progress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.update(self.task, description="done" if self.done == self.total else "")
+        self.bar.stop()
 
     def show(self, label: str) -> None:
-        width = 24
-        filled = int(width * self.done / max(self.total, 1))
-        elapsed = time.perf_counter() - self.start
-        bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-        line = f"{bar}{elapsed:5.0f}s  {label}"
-        if self.tty:
-            print(f"\r{line:<110}", end="", file=sys.stderr, flush=True)
-        else:
+        """A measurement starts."""
+        self.bar.update(self.task, description=label)
+        if not self.live:
+            elapsed = time.perf_counter() - self.start
+            line = f"ember bench: [{self.done + 1}/{self.total}] {elapsed:.0f} s  {label}"
             print(line, file=sys.stderr, flush=True)
 
-    def finish(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)
+    def advance(self) -> None:
+        """A measurement ended (or was not run)."""
+        self.done += 1
+        self.bar.update(self.task, completed=self.done)
 
 
 @dataclass
@@ -234,30 +251,29 @@ def run_bench(
 
 
 def _run_jobs(jobs: list[_Job], options: BenchOptions, measured: Callable[[], None]) -> None:
-    progress = Progress(len(jobs))
     start = time.perf_counter()
-    for number, job in enumerate(jobs):
-        left = options.time_limit_s - (time.perf_counter() - start)
-        if left < 5:
-            job.record.error = job.record.error or "not run: --time-limit reached"
-            if job.process is not None:  # prefetched: let it exit unmeasured
-                _release(job, go=False)
-                job.process.communicate()
-            progress.done += 1
-            continue
-        if job.process is None:
-            _start(job, options)
-        record = job.record
-        progress.show(f"{record.model} {record.mode} {record.backend} ({job.phase})")
-        _release(job, go=True)
-        following = jobs[number + 1] if number + 1 < len(jobs) else None
-        if options.prefetching and following is not None:
-            _start(following, options)
-        result = _finish(job, min(options.timeout_s, left))  # the limit bounds the run
-        progress.done += 1
-        _merge(record, job.phase, result)
-        measured()
-    progress.finish()
+    with _Progress(len(jobs)) as progress:
+        for number, job in enumerate(jobs):
+            left = options.time_limit_s - (time.perf_counter() - start)
+            if left < 5:
+                job.record.error = job.record.error or "not run: --time-limit reached"
+                if job.process is not None:  # prefetched: let it exit unmeasured
+                    _release(job, go=False)
+                    job.process.communicate()
+                progress.advance()
+                continue
+            if job.process is None:
+                _start(job, options)
+            record = job.record
+            progress.show(f"{record.model} {record.mode} {record.backend} ({job.phase})")
+            _release(job, go=True)
+            following = jobs[number + 1] if number + 1 < len(jobs) else None
+            if options.prefetching and following is not None:
+                _start(following, options)
+            result = _finish(job, min(options.timeout_s, left))  # the limit bounds the run
+            progress.advance()
+            _merge(record, job.phase, result)
+            measured()
 
 
 def _merge(record: BenchRecord, phase: str, result: dict[str, Any]) -> None:
