@@ -392,9 +392,7 @@ def _restore_cpp(
 ) -> Any:
     import ctypes
 
-    from ember.codegen.cpp import CppSource, KernelInfo
-    from ember.codegen.cpp.emitter import KernelCheck
-    from ember.codegen.cpp.render import KernelArgument
+    from ember.codegen.cpp import CppSource, KernelArgument, KernelCheck, KernelInfo
     from ember.runtime.cpp_kernels import CompiledUnit, CppKernel
 
     prefix = entry["unit"]
