@@ -34,7 +34,9 @@ from ember.ir.expr import (
     Op,
     Rand,
     Where,
+    float_valued,
     loads,
+    size_value,
     walk,
 )
 from ember.ir.interpreter import (
@@ -120,6 +122,7 @@ __all__ = [
     "conforms",
     "ensure_layout",
     "evaluate",
+    "float_valued",
     "format_arg",
     "format_body",
     "format_program",
@@ -132,6 +135,7 @@ __all__ = [
     "offset_symbol",
     "register_lowering",
     "run_program",
+    "size_value",
     "verify",
     "walk",
 ]
