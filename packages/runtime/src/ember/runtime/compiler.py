@@ -165,8 +165,8 @@ def compile_graph(
             record.wrapper_path = artifact.source_path
             return _finish(guarded, artifact, eager_gm, record, static_inputs, lend_outputs_from)
 
-    # passes rewrite a copy, eager keeps the original (copied only now: a cache hit
-    # needs no copy, and made one for 10-25 ms a graph of GPT-2 on the CPU)
+    # passes rewrite a copy, eager keeps the original (copied only on a miss: the
+    # copy took 10-25 ms per graph of GPT-2 on the CPU, and a hit needs none)
     gm = _copy_graph_module(eager_gm)
     stage = "passes"
     try:
