@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ember.runtime import compile_records
+from ember.runtime import compile_records, config
 from ember.runtime.testing import assert_no_eager_fallback
 
 
@@ -93,3 +93,39 @@ def gpt2(transformers: Any, *, vocab: int, width: int) -> nn.Module:
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )  # fmt: skip
     return LastHiddenState(transformers.GPT2Model(config))
+
+
+def train_batch_norm_with_dynamic_batch(device: str, batches: tuple[int, ...]) -> None:
+    """A conv + batch norm block trained with `dynamic=True` over several batch sizes,
+    compiled once, against eager: outputs, every gradient, the running statistics.
+    Batch norm's unbiased variance scales by `n / (n - 1)` and its backward by `1 / n`,
+    with `n` symbolic: both were held as integers (truncated to 1 and 0), and the C++
+    codegen could not print the true divisions at all."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()
+    ).to(device)
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, backend="ember", dynamic=True)
+    start = len(compile_records)
+    after_first_step = None
+    with config.scope(strict=True):
+        for batch in batches:
+            x = torch.randn(batch, 3, 10, 10, device=device)
+            outputs = []
+            for run, module in ((model, model), (compiled, twin)):
+                module.zero_grad(set_to_none=True)
+                out = run(x)
+                out.square().mean().backward()
+                outputs.append(out.detach())
+            torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+            for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+            for (name, b), c in zip(model.named_buffers(), twin.buffers(), strict=True):
+                torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6, msg=name)
+            after_first_step = after_first_step or len(compile_records)
+    assert_compiled_by_ember(start, backward=True)
+    assert len(compile_records) == after_first_step  # one compile serves every batch
+    assert all(
+        "sym_" in r.wrapper_path.read_text() for r in compile_records[start:] if r.wrapper_path
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import check_inference, check_training, gpt2
+from helpers import check_inference, check_training, gpt2, train_batch_norm_with_dynamic_batch
 from torch import nn
 
 from ember.runtime.cli import main
@@ -76,3 +76,8 @@ def test_demo_on_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     print(out)  # the table, for the log of the GPU run
     rows = [line for line in out.splitlines() if line.startswith(("transformer_block", "mlp"))]
     assert len(rows) == 4 and all(row.rstrip().endswith("yes") for row in rows)
+
+
+def test_batch_norm_trains_with_a_dynamic_batch_on_gpu() -> None:
+    """The Triton printer's float size expressions (`n / (n - 1)`, `1 / n`)."""
+    train_batch_norm_with_dynamic_batch(DEVICE, (4, 6, 3))

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from helpers import assert_compiled_by_ember
+from helpers import assert_compiled_by_ember, train_batch_norm_with_dynamic_batch
 
 from ember.runtime import compile_records, config
 
@@ -105,3 +105,7 @@ def test_select_at_a_data_dependent_index_counts_negative_ones_from_the_end() ->
             index = torch.tensor(i)
             torch.testing.assert_close(compiled(x, index), fn(x, index))
     assert_compiled_by_ember(start)
+
+
+def test_batch_norm_trains_with_a_dynamic_batch() -> None:
+    train_batch_norm_with_dynamic_batch("cpu", (4, 6, 3))

@@ -163,3 +163,62 @@ def test_index_printer_parenthesises_a_power_it_divides_by() -> None:
             print_index(FloorDiv(i0 + s0**3, s0**2)).replace("/", "//"), {"i0": 7, "s0": s}
         )
         assert value == (7 + s**3) // s**2
+
+
+class _Int(int):
+    """A size value in the evaluation of printed C++: integer arithmetic stays
+    integral, and a `/` between integers (C++'s truncating division) is an error."""
+
+    def _wrap(self, result: Any) -> Any:
+        return _Int(result) if isinstance(result, int) and result is not NotImplemented else result
+
+    def __add__(self, other: Any) -> Any:
+        return self._wrap(int.__add__(self, other))
+
+    def __radd__(self, other: Any) -> Any:
+        return self._wrap(int.__radd__(self, other))
+
+    def __sub__(self, other: Any) -> Any:
+        return self._wrap(int.__sub__(self, other))
+
+    def __rsub__(self, other: Any) -> Any:
+        return self._wrap(int.__rsub__(self, other))
+
+    def __mul__(self, other: Any) -> Any:
+        return self._wrap(int.__mul__(self, other))
+
+    def __rmul__(self, other: Any) -> Any:
+        return self._wrap(int.__rmul__(self, other))
+
+    def __truediv__(self, other: Any) -> Any:
+        raise AssertionError(f"integer division {self} / {other} in a float expression")
+
+    def __rtruediv__(self, other: Any) -> Any:
+        raise AssertionError(f"integer division {other} / {self} in a float expression")
+
+
+def test_index_printer_divides_float_size_expressions_as_doubles() -> None:
+    """Batch norm's unbiased-variance correction `n / (n - 1)` and its backward's
+    `1 / n` with a symbolic `n` (torch's IntTrueDiv and FloatTrueDiv): no printer
+    case existed, so a dynamic-batch training graph failed to render. Each division
+    must divide doubles, as Python does, never C++'s truncating integer division."""
+    from torch.utils._sympy.functions import FloatTrueDiv, IntTrueDiv, ToFloat
+
+    s0, s1 = (sympy.Symbol(n, integer=True, positive=True) for n in ("s0", "s1"))
+    n = IntTrueDiv(8 * s0 * (s1 - 2) ** 2, 8)
+
+    def expected(b: int, h: int) -> list[float]:
+        count = 8 * b * (h - 2) ** 2 / 8
+        return [count / (count - 1.0), 1.0 / count, b * 0.5, b / (h + 1), count - 1.0]
+
+    exprs = [FloatTrueDiv(n, n - 1.0), FloatTrueDiv(sympy.Float(1.0), n), ToFloat(s0) * 0.5]
+    exprs += [IntTrueDiv(s0, s1 + 1), n - 1.0]
+    texts = [print_index(e) for e in exprs]
+    assert texts[1] == "(1.0 / (static_cast<double>(8*s0*((s1 - 2))*((s1 - 2))) / 8.0))"
+    for b, h in ((4, 10), (3, 5), (7, 3)):
+        values = {"s0": _Int(b), "s1": _Int(h), "__builtins__": {}}
+        got = [
+            eval(t.replace("static_cast<double>", "float"), {"float": float}, values) for t in texts
+        ]
+        assert got == expected(b, h)  # exactly: the same double operations
+        assert all(isinstance(v, float) for v in got)

@@ -187,3 +187,32 @@ def test_a_column_sum_through_a_reshape_of_permuted_tensors_tiles_the_columns() 
     kernels = fused_kernels(lambda *g: qkv_grad(*g).sum(1), *(randn(*s) for s in shapes))
     (row_sum,) = [k for k in kernels if k.reduction_ranges]
     assert not _outer_contiguous(row_sum)
+
+
+def test_float_size_expressions_divide_in_float64() -> None:
+    """Batch norm's `n / (n - 1)` and `1 / n` with a symbolic `n` (torch's IntTrueDiv
+    and FloatTrueDiv) had no Triton form. Printed, each division divides float64
+    values, as Python does: evaluated with torch standing in for Triton (sizes as
+    int64 scalars, `tl.full` a float64 scalar), the values are Python's exactly."""
+    from types import SimpleNamespace
+
+    from torch.utils._sympy.functions import FloatTrueDiv, IntTrueDiv, ToFloat
+
+    from ember.codegen.triton.printer import IndexPrinter
+
+    s0, s1 = (sympy.Symbol(n, integer=True, positive=True) for n in ("s0", "s1"))
+    n = IntTrueDiv(8 * s0 * (s1 - 2) ** 2, 8)
+    exprs = [FloatTrueDiv(n, n - 1.0), FloatTrueDiv(sympy.Float(1.0), n), ToFloat(s0) * 0.5]
+    exprs += [IntTrueDiv(s0, s1 + 1), n - 1.0]
+    texts = [IndexPrinter()(e) for e in exprs]
+    tl = SimpleNamespace(
+        float64=torch.float64,
+        full=lambda shape, value, dtype: torch.full(shape, value, dtype=dtype),
+    )
+    for b, h in ((4, 10), (3, 5), (7, 3)):
+        count = 8 * b * (h - 2) ** 2 / 8
+        expected = [count / (count - 1.0), 1.0 / count, b * 0.5, b / (h + 1), count - 1.0]
+        sizes = {"s0": torch.tensor(b), "s1": torch.tensor(h), "tl": tl}
+        got = [eval(text, {"__builtins__": {}}, sizes) for text in texts]
+        assert all(v.dtype == torch.float64 for v in got), texts
+        assert [v.item() for v in got] == expected

@@ -179,3 +179,31 @@ def test_aot_table_leaves_out_only_ops_no_tracer_sees_whole() -> None:
         ) or (torch._C.DispatchKey.CompositeImplicitAutograd in op.py_kernels), op
         for key in ("CPU", "CUDA"):
             assert not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key), (op, key)
+
+
+def test_composites_with_kernels_are_those_the_dispatcher_names_one_by_one() -> None:
+    """The registrations read as lists find exactly the ops that asking the dispatcher
+    op by op finds."""
+    from ember.graphpasses.decompositions import _composites_with_kernels
+
+    found = set(_composites_with_kernels())
+    composite = torch._C.DispatchKey.CompositeImplicitAutograd
+    expected = set()
+    for op in ember_decompositions():
+        if not isinstance(op, torch._ops.OpOverload):
+            continue
+        is_composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+            op.name(), "CompositeImplicitAutograd"
+        ) or (composite in op.py_kernels)
+        has_kernel = any(
+            torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+            for key in ("CPU", "CUDA")
+        )
+        if is_composite and has_kernel:
+            expected.add(op)
+    assert expected and expected <= found
+    for op in found:
+        assert any(
+            torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+            for key in ("CPU", "CUDA")
+        ), op

@@ -66,3 +66,32 @@ def test_symbolic_sizes_lose_exact_divisions_and_redundant_max() -> None:
     assert _exact_divisions(Max(1, FloorDiv(s + 1, 2))) == FloorDiv(s + 1, 2)
     kept = _exact_divisions(Max(1, s - 1))  # s - 1 may be 0: kept, as sympy's Max
     assert kept == sympy.Max(1, s - 1) and isinstance(kept, sympy.Max)
+
+
+def test_a_float_size_expression_is_held_as_a_float64() -> None:
+    """`x * (n / (n - 1))` with `n` a symbolic size (batch norm's unbiased variance):
+    its IndexExpr held an int64 (the default), so the factor was truncated to 1."""
+    from ir_helpers import check, computed
+    from torch.utils._sympy.functions import FloatTrueDiv, IntTrueDiv, ToFloat
+
+    from ember.ir import float_valued, size_value, walk
+    from ember.ir.loops import loop_bodies
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    assert not float_valued(s0 * 3 + 1) and size_value(s0 * 3 + 1).dtype == torch.int64
+    for expr in (IntTrueDiv(s0, s0 - 1), FloatTrueDiv(ToFloat(s0), 2.0), s0 * 0.5):
+        assert float_valued(expr) and size_value(expr).dtype == torch.float64
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        return x * (n / (n - 1))
+
+    program = check(fn, torch.randn(5, 3), mode="symbolic")  # against eager, too
+    held = [
+        node
+        for buffer in computed(program)
+        for body in loop_bodies(buffer.loop)
+        for node in walk(body)
+        if isinstance(node, IndexExpr) and float_valued(node.expr)
+    ]
+    assert held and all(node.dtype == torch.float64 for node in held)

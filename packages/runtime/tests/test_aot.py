@@ -250,6 +250,45 @@ def test_a_dynamic_mlp_package_runs_every_size_in_range_without_compiling(
     _assert_refused(results[7], "input x", "float64", "float32")
 
 
+def test_loading_a_package_imports_no_compiler(
+    mlp_package: tuple[ExportedProgram, Path], tmp_path: Path
+) -> None:
+    """A fresh process that imports ember.runtime.aot, loads a CPU package and calls it
+    imports neither Dynamo (3 s) nor ember's backend or compiler, where ember-runtime
+    is installed (its entry point registers the backend). With the packages only on
+    PYTHONPATH, `import ember.runtime` registers the backend itself, which imports
+    Dynamo: that is asserted instead."""
+    from ember.runtime.registration import entry_point_visible
+
+    ep, package = mlp_package
+    x = torch.randn(5, 16)
+    torch.save(x, tmp_path / "x.pt")
+    script = f"""
+import json, sys
+import torch
+import ember.runtime.aot
+package = ember.runtime.aot.load_package({str(package)!r})
+out = package(torch.load({str(tmp_path / "x.pt")!r}))
+torch.save(out, {str(tmp_path / "out.pt")!r})
+names = ("torch._dynamo", "ember.runtime.backend", "ember.runtime.compiler")
+print(json.dumps([name for name in names if name in sys.modules]))
+"""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent)  # python only: no compiler
+    env["CC"] = env["CXX"] = "/nonexistent/compiler"
+    env["EMBER_CACHE_DIR"] = str(tmp_path / "empty-cache")
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    imported = json.loads(done.stdout.splitlines()[-1])
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), ep.module()(x))
+    if entry_point_visible():
+        assert imported == []
+    else:
+        assert "torch._dynamo" in imported
+
+
 def test_a_conv_batchnorm_package_in_eval_mode_matches_the_module(tmp_path: Path) -> None:
     model = _eval_mode(ConvBN())
     ep = _export(model, (torch.randn(2, 3, 12, 12),))

@@ -89,6 +89,26 @@ def test_a_saved_cpu_artifact_runs_in_a_process_without_compilers(
     _run_loaded(directory, "cpu", dynamic)
 
 
+def test_a_loaded_artifact_runs_its_checked_wrapper_from_the_private_directory(
+    tmp_path: Path,
+) -> None:
+    """A load writes its copies (wrapper, libraries) into this process's own
+    directory, removed at exit: each load left a /tmp/ember-artifact-* directory
+    behind. The wrapper that runs is the manifest's, byte for byte."""
+    from ember.runtime.store import private_directory
+
+    record, inputs = _compile("cpu", False)
+    assert record.artifact is not None
+    directory = record.artifact.save(tmp_path / "graph")
+    artifact, call = load_artifact(directory)
+    assert artifact.source_path is not None
+    assert artifact.source_path.is_relative_to(private_directory())
+    assert artifact.source_path.read_bytes() == (directory / "wrapper.py").read_bytes()
+    assert list(artifact.source_path.parent.glob("*.so"))
+    (out,) = call(list(inputs))
+    torch.testing.assert_close(out, _model(*inputs), rtol=1e-4, atol=1e-4)
+
+
 def test_an_altered_file_is_refused(tmp_path: Path) -> None:
     record, _ = _compile("cpu", False)
     assert record.artifact is not None

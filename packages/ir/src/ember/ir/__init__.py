@@ -36,7 +36,9 @@ from ember.ir.expr import (
     Op,
     Rand,
     Where,
+    float_valued,
     loads,
+    size_value,
     walk,
 )
 from ember.ir.interpreter import (
@@ -133,6 +135,7 @@ __all__ = [
     "conforms",
     "ensure_layout",
     "evaluate",
+    "float_valued",
     "format_arg",
     "format_body",
     "format_program",
@@ -145,6 +148,7 @@ __all__ = [
     "offset_symbol",
     "register_lowering",
     "run_program",
+    "size_value",
     "verify",
     "walk",
 ]

@@ -17,16 +17,35 @@ from typing import Any
 
 import sympy
 import torch
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
+from torch.utils._sympy.functions import (
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    ModularIndexing,
+    PythonMod,
+    ToFloat,
+)
 
 from ember.ir.errors import IndexOutOfBounds, index_error_message
-from ember.ir.expr import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.expr import (
+    Cast,
+    CheckIndex,
+    Const,
+    IndexExpr,
+    Load,
+    Node,
+    Op,
+    Rand,
+    Where,
+    float_valued,
+    walk,
+)
 from ember.ir.loops import Pointwise, Scan, Scatter, Sort
 from ember.ir.nodes import ComputedBuffer
 from ember.ir.random import normal, uniform
 from ember.ir.symbolic import evaluate, index_var, indirect_var
 
-Value = torch.Tensor | int
+Value = torch.Tensor | int | float
 
 
 def _special(name: str) -> Callable[..., torch.Tensor]:
@@ -188,10 +207,18 @@ def _eval_index(
         if expr in values:
             return values[expr]
         return int(bindings[expr])
+    if isinstance(expr, sympy.Float):
+        return float(expr)
     if not any(s in values for s in expr.free_symbols):
         result = evaluate(expr, bindings)
-        return int(result)
+        return result if isinstance(result, float) else int(result)  # a float size stays one
     args = [_eval_index(a, values, bindings) for a in expr.args]
+    if float_valued(expr):  # float64 throughout, as Python computes it (not float32)
+        args = [a.double() if isinstance(a, torch.Tensor) else a for a in args]
+    if isinstance(expr, (IntTrueDiv, FloatTrueDiv)):
+        return torch.as_tensor(args[0], dtype=torch.float64) / args[1]
+    if isinstance(expr, ToFloat):
+        return torch.as_tensor(args[0], dtype=torch.float64)
     if isinstance(expr, sympy.Add):
         total: Any = 0
         for a in args:

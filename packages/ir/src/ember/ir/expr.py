@@ -26,6 +26,13 @@ from typing import Any, ClassVar
 
 import sympy
 import torch
+from torch.utils._sympy.functions import (
+    FloatPow,
+    FloatTrueDiv,
+    IntTrueDiv,
+    ToFloat,
+    TruncToFloat,
+)
 
 Scalar = bool | int | float
 
@@ -95,7 +102,8 @@ class Const(Node):
 
 @dataclass(frozen=True, eq=False)
 class IndexExpr(Node):
-    """The value of an index expression (loop variables, sizes) as an integer."""
+    """The value of an index expression (loop variables, sizes) as an integer, or as a
+    float64 where the expression's value is a float (`size_value`)."""
 
     expr: sympy.Expr
     index_dtype: torch.dtype = torch.int64
@@ -103,6 +111,25 @@ class IndexExpr(Node):
     @property
     def dtype(self) -> torch.dtype:
         return self.index_dtype
+
+
+# torch's sympy functions whose value is a float (a SymFloat's expression)
+_FLOAT_FUNCTIONS = (FloatPow, FloatTrueDiv, IntTrueDiv, ToFloat, TruncToFloat)
+
+
+def float_valued(expr: sympy.Basic) -> bool:
+    """Whether the size expression `expr` has a float value: not an integer, and holding
+    a true division, a conversion to float or a float constant (batch norm's unbiased
+    variance correction `n / (n - 1)` with a symbolic `n`)."""
+    if expr.is_integer or expr.is_Boolean:
+        return False
+    return bool(expr.atoms(sympy.Float)) or expr.has(*_FLOAT_FUNCTIONS)
+
+
+def size_value(expr: sympy.Expr) -> IndexExpr:
+    """The value of the size expression `expr` in a kernel: an int64, or a float64 where
+    the value is a float (an int64 would truncate it: `n / (n - 1)` became 1)."""
+    return IndexExpr(expr, torch.float64 if float_valued(expr) else torch.int64)
 
 
 @dataclass(frozen=True, eq=False)

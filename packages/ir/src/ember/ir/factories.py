@@ -14,7 +14,7 @@ import sympy
 import torch
 import torch.fx
 
-from ember.ir.expr import IndexExpr, Node
+from ember.ir.expr import IndexExpr, Node, size_value
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.tensor import Index, LazyTensor, cast, const
@@ -29,7 +29,7 @@ def filled(lowering: GraphLowering, node: torch.fx.Node, fill: Any) -> LazyTenso
         fill = lowering.env[fill]
     if isinstance(fill, sympy.Expr):
         if fill.free_symbols:
-            value: Node = cast(IndexExpr(fill), val.dtype)
+            value: Node = cast(size_value(fill), val.dtype)
         else:
             value = const(int(fill) if fill.is_integer else float(fill), val.dtype)
     elif isinstance(fill, (bool, int, float)):
@@ -140,5 +140,5 @@ def _scalar(lowering: GraphLowering, value: Any) -> Any:
 
 def _node(value: Any) -> Node:
     if isinstance(value, sympy.Expr):
-        return cast(IndexExpr(value), torch.float64)
+        return cast(size_value(value), torch.float64)
     return const(value, torch.float64)

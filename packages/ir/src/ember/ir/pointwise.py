@@ -20,7 +20,7 @@ import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 
-from ember.ir.expr import Const, IndexExpr, Node, Op, Where
+from ember.ir.expr import Const, Node, Op, Where, size_value
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.ops import BOOL_RESULT
 from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
@@ -84,7 +84,7 @@ def operand(
             value: Any = bool(arg) if arg in (sympy.true, sympy.false) else arg
             c = const(int(value) if isinstance(value, sympy.Integer) else float(value), dtype)
             return lambda index: c
-        node = cast(IndexExpr(arg), dtype)
+        node = cast(size_value(arg), dtype)
         return lambda index: node
     raise NotLowerable(f"operand of type {type(arg).__name__}")
 

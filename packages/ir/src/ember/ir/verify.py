@@ -15,7 +15,18 @@ import torch
 from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from ember.ir.errors import VerificationError
-from ember.ir.expr import Cast, CheckIndex, IndexExpr, Load, Node, Op, Rand, Where, walk
+from ember.ir.expr import (
+    Cast,
+    CheckIndex,
+    IndexExpr,
+    Load,
+    Node,
+    Op,
+    Rand,
+    Where,
+    float_valued,
+    walk,
+)
 from ember.ir.layout import Layout
 from ember.ir.loops import (
     REDUCTION_KINDS,
@@ -241,7 +252,10 @@ def _check_node(
         if node.cond.dtype != torch.bool or node.a.dtype != node.b.dtype:
             raise VerificationError(f"{where}: where needs a bool condition and equal dtypes")
     elif isinstance(node, IndexExpr):
-        if node.dtype.is_floating_point or node.dtype == torch.bool:
+        wanted = torch.float64 if float_valued(node.expr) else None
+        if wanted is not None and node.dtype != wanted:
+            raise VerificationError(f"{where}: {node.expr} has a float value, held as {wanted}")
+        if wanted is None and (node.dtype.is_floating_point or node.dtype == torch.bool):
             raise VerificationError(f"{where}: index values are integers, not {node.dtype}")
         _check_symbols(where, node.expr, allowed)
     elif isinstance(node, Rand):

@@ -6,7 +6,7 @@ it to ATen with ember's decomposition table, splits forward and backward for tra
 and ember compiles each of the resulting graphs with `compile_graph`. Dynamo finds the
 backend through the `torch_dynamo_backends` entry point of ember-runtime where that is
 installed; where it is not (the packages only on PYTHONPATH), the import of
-`ember.runtime` registers it (`register_unless_entry_point`).
+`ember.runtime` registers it (ember.runtime.registration).
 """
 
 from __future__ import annotations
@@ -336,31 +336,8 @@ def register() -> None:
 
     Not for a caller that Dynamo's loading of the entry point may be importing: Dynamo
     registers what the entry point names once the import returns, and a name already
-    registered is an error there (`register_unless_entry_point` is for that case)."""
+    registered is an error there (ember.runtime.registration is for that case)."""
     from torch._dynamo.backends import registry
 
     if "ember" not in registry._COMPILER_FNS:
         registry.register_backend(name="ember")(ember_backend)
-
-
-def entry_point_visible() -> bool:
-    """Whether Dynamo's search of the `torch_dynamo_backends` entry points (the
-    installed distributions on sys.path) finds ember's. Only ember-runtime's own
-    metadata is read, not every distribution's: this runs at import time."""
-    import importlib.metadata
-
-    try:
-        entry_points = importlib.metadata.distribution("ember-runtime").entry_points
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return any(ep.group == "torch_dynamo_backends" and ep.name == "ember" for ep in entry_points)
-
-
-def register_unless_entry_point() -> None:
-    """The import of `ember.runtime`'s registration: where the entry point is visible,
-    Dynamo registers the backend itself (when a program first names it), and that
-    lookup may be what is importing this module, so registering here as well would make
-    Dynamo's own registration fail as a duplicate. Where it is not (the packages only on
-    PYTHONPATH, as on machines without an installed ember), nothing else registers it."""
-    if not entry_point_visible():
-        register()

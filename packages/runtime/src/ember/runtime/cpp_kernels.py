@@ -67,7 +67,7 @@ from typing import Any
 
 import torch
 
-from ember.codegen.cpp import CppSource, KernelInfo, render_kernels
+from ember.codegen.cpp import CppSource, KernelInfo
 from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime.cache import FAILED_CPP_STORE, entry_store
 from ember.runtime.store import Entry, EntryStore
@@ -421,5 +421,7 @@ def compile_cpp_kernels(
     kernels: Sequence[FusedKernel], *, cache_dir: Path
 ) -> dict[str, Callable[..., None]]:
     """One callable per kernel (by name), all from one compiled translation unit."""
+    from ember.codegen.cpp import render_kernels  # the renderer: not for loading kernels
+
     unit = compile_cpp_source(render_kernels(kernels), cache_dir=cache_dir)
     return {info.name: CppKernel(unit, info) for info in unit.source.kernels}

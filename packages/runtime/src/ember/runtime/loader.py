@@ -18,6 +18,8 @@ never re-read from disk: that is where `inspect.getsource` finds it, and so wher
 Triton's `@triton.jit` reads each kernel's source (in its interpreter too), and where
 tracebacks take their lines. The file stays on disk for debuggers and for the Triton
 compile workers, which load it the same way (ember/runtime/compile_worker.py).
+`execute_source(path, data, injected)` is that execution for source already checked
+in memory (a loaded artifact's wrapper, against its manifest's hash).
 """
 
 from __future__ import annotations
@@ -60,10 +62,18 @@ def load_module(path: Path, injected: dict[str, Any]) -> ModuleType:
             f"generated module {path} is missing from the cache or fails its check "
             "(see the warning above); it is not loaded"
         )
+    return execute_source(path, data, injected)
+
+
+def execute_source(path: Path, data: bytes, injected: dict[str, Any]) -> ModuleType:
+    """Execute `data`, source its caller has checked (`load_module` against its cache
+    entry, a loaded artifact against its manifest's hash), as a fresh module whose
+    globals start with `injected`, under the file name `path` (where a copy lies for
+    debuggers; the text run is `data` itself, never re-read)."""
     filename = str(path)
     text = data.decode()
     code = compile(text, filename, "exec", dont_inherit=True)
-    module = ModuleType(f"ember_generated_{path.stem}")
+    module = ModuleType(f"ember_generated_{Path(path).stem}")
     module.__file__ = filename
     module.__dict__.update(injected)
     # (size, mtime None: never checked against the file, lines, name): inspect.getsource

@@ -41,6 +41,7 @@ from ember.codegen.cpp.dtypes import (
 )
 from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.indexing import IndexPrintError, print_index
+from ember.codegen.cpp.info import KernelCheck
 from ember.codegen.cpp.ops_table import render_op
 from ember.ir import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.expr import may_divide_by_zero
@@ -48,18 +49,6 @@ from ember.ir.symbolic import indirect_var
 from ember.scheduler import FusedKernel
 
 ERROR_RECORD = "ember_error"  # the kernel parameter: int64_t[3], check + 1, value, size
-
-
-@dataclass(frozen=True)
-class KernelCheck:
-    """One error a kernel can find, numbered by its place in `KernelInfo.checks`.
-
-    `kind` is 'index' (an index outside dimension `dim` of `what`, the op and graph
-    node) or 'division' (an integer division by zero in `what`)."""
-
-    kind: str
-    what: str
-    dim: int = -1
 
 
 @dataclass

@@ -5,6 +5,15 @@ the same name in the generated code; `ind<k>` symbols are renamed per load to th
 temporary holding that load's k-th indirect value. Floor division and modulo follow
 Python; when sympy knows the dividend is nonnegative (loop variables and sizes are),
 plain C `/` and `%` are exact and vectorise, so they are used.
+
+Size expressions with a floating value (a value of a graph's dtype float, not an
+index) also print here: torch's true divisions (`IntTrueDiv`, `FloatTrueDiv`, as in
+batch norm's unbiased variance `n / (n - 1)` with a symbolic `n`), `ToFloat` and
+float constants. Each true division divides its operands as `double`s, as Python
+does (Python divides two ints exactly rounded even past 2**53, which sizes never
+reach); sums and products mixing them with integers promote to `double` in C++ as
+they do in Python, so the value is Python's, which the emitter then casts to the
+node's dtype as eager rounds the Python scalar.
 """
 
 from __future__ import annotations
@@ -12,9 +21,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import sympy
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
+from torch.utils._sympy.functions import (
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    ModularIndexing,
+    PythonMod,
+    ToFloat,
+)
 
 from ember.codegen.cpp.dtypes import int_literal
+from ember.ir import float_valued
 
 
 class IndexPrintError(ValueError):
@@ -22,7 +39,8 @@ class IndexPrintError(ValueError):
 
 
 def print_index(expr: sympy.Expr, names: Mapping[sympy.Symbol, str] | None = None) -> str:
-    """C++ for `expr` (an int64 value); `names` renames symbols."""
+    """C++ for `expr` (an int64 value, or a double where it divides truly or holds a
+    float); `names` renames symbols."""
     text = _IndexPrinter(names or {}).show(sympy.sympify(expr))
     if isinstance(expr, sympy.Add):
         text = text[1:-1]  # the outermost parentheses of a sum are never needed
@@ -43,6 +61,9 @@ class _IndexPrinter:
             sympy.Mod: self._mod,
             sympy.Max: self._max,
             sympy.Min: self._min,
+            IntTrueDiv: self._true_division,
+            FloatTrueDiv: self._true_division,
+            ToFloat: self._to_float,
         }
 
     def show(self, expr: sympy.Expr) -> str:
@@ -50,6 +71,8 @@ class _IndexPrinter:
             return int_literal(int(expr))
         if isinstance(expr, sympy.Symbol):
             return self.names.get(expr, expr.name)
+        if isinstance(expr, sympy.Float):
+            return _double_literal(expr)
         if isinstance(expr, sympy.Add):
             return self._add(expr)
         if isinstance(expr, sympy.Mul):
@@ -121,6 +144,23 @@ class _IndexPrinter:
             return f"({self._atom(a)} % {self._atom(b)})"
         return f"ember::mod_i({self.show(a)}, {self.show(b)})"
 
+    def _true_division(self, expr: sympy.Expr) -> str:
+        a, b = expr.args
+        return f"({self._double(a)} / {self._double(b)})"
+
+    def _to_float(self, expr: sympy.Expr) -> str:
+        return self._double(expr.args[0])
+
+    def _double(self, expr: sympy.Expr) -> str:
+        """`expr` as a double operand (an integer converted, as Python's float())."""
+        if isinstance(expr, sympy.Integer):
+            return _double_literal(sympy.Float(int(expr)))
+        if isinstance(expr, sympy.Float):
+            return _double_literal(expr)
+        if float_valued(expr):
+            return self._atom(expr)
+        return f"static_cast<double>({self.show(expr)})"
+
     def _max(self, expr: sympy.Expr) -> str:
         return self._fold("std::max", expr.args)
 
@@ -132,3 +172,10 @@ class _IndexPrinter:
         for a in args[1:]:
             text = f"{function}<int64_t>({text}, {self.show(a)})"
         return text
+
+
+def _double_literal(value: sympy.Float) -> str:
+    """A C++ double literal of exactly `value` (Python's shortest round-trip text; a
+    sympy Float is finite: infinities and NaN are other classes)."""
+    text = repr(float(value))
+    return text if any(c in text for c in ".e") else f"{text}.0"

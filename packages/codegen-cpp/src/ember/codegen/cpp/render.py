@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from ember.codegen.cpp.dtypes import storage_type
-from ember.codegen.cpp.emitter import ERROR_RECORD, Emitter, KernelCheck, KernelContext
+from ember.codegen.cpp.emitter import ERROR_RECORD, Emitter, KernelContext
 from ember.codegen.cpp.errors import CppRenderError
+from ember.codegen.cpp.info import CppSource, KernelArgument, KernelInfo
 from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
 from ember.codegen.cpp.prelude import PRELUDE
 from ember.codegen.cpp.reduction_loops import ReductionEmitter
@@ -30,36 +30,6 @@ from ember.codegen.cpp.transpose_loops import emit_transposed, transposed_dim
 from ember.scheduler import FusedKernel, KernelMember
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-@dataclass(frozen=True)
-class KernelArgument:
-    """One parameter of a rendered kernel."""
-
-    name: str  # the buffer's or size symbol's name in the schedule
-    kind: str  # 'buffer' or 'size'
-    dtype: torch.dtype  # the buffer's element dtype (int64 for sizes)
-    ctype: str  # the C++ parameter type
-    writes: bool = False  # the kernel writes this buffer
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    """What the runtime needs to call one rendered kernel."""
-
-    name: str
-    arguments: tuple[KernelArgument, ...]
-    # errors the kernel can find, by number; when there are any, the kernel takes an
-    # error record after its arguments
-    checks: tuple[KernelCheck, ...] = ()
-
-
-@dataclass(frozen=True)
-class CppSource:
-    """One translation unit and the kernels it defines, in order."""
-
-    source: str
-    kernels: tuple[KernelInfo, ...]
 
 
 def render_kernels(kernels: Sequence[FusedKernel]) -> CppSource:

@@ -6,6 +6,11 @@ arithmetic. Triton's `//` and `%` truncate towards zero (C semantics) while symp
 `FloorDiv`/`ModularIndexing` floor; the two agree on the nonnegative operands that
 index math has (loop variables, sizes, storage offsets), which is the assumption
 Inductor makes too. Negative offsets only reach memory under a mask.
+
+Size expressions with a float value (a SymFloat's: torch's `IntTrueDiv` and
+`FloatTrueDiv`, `ToFloat`, float constants; batch norm's `n / (n - 1)` with a
+symbolic `n`) print as float64 arithmetic: each true division divides its operands
+converted to float64, as Python does, and float constants are typed float64.
 """
 
 from __future__ import annotations
@@ -16,7 +21,16 @@ from collections.abc import Mapping
 
 import sympy
 import torch
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing, PythonMod
+from torch.utils._sympy.functions import (
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    ModularIndexing,
+    PythonMod,
+    ToFloat,
+)
+
+from ember.ir import float_valued
 
 # torch dtype -> the Triton dtype a value is *stored* in
 _STORAGE_TYPES: dict[torch.dtype, str] = {
@@ -142,6 +156,12 @@ class IndexPrinter:
             base, exponent = expr.args
             if isinstance(exponent, sympy.Integer) and int(exponent) > 0:
                 return "(" + " * ".join([self._print(base)] * int(exponent)) + ")"
+        if isinstance(expr, sympy.Float):
+            return constant(float(expr), torch.float64)
+        if isinstance(expr, (IntTrueDiv, FloatTrueDiv)):
+            return f"({self._float(expr.args[0])} / {self._float(expr.args[1])})"
+        if isinstance(expr, ToFloat):
+            return self._float(expr.args[0])
         if isinstance(expr, FloorDiv):
             return f"({self._print(expr.args[0])} // {self._print(expr.args[1])})"
         if isinstance(expr, ModularIndexing):
@@ -160,6 +180,15 @@ class IndexPrinter:
         raise UnsupportedKernelError(
             f"index expression {expr} ({type(expr).__name__}) has no Triton form"
         )
+
+    def _float(self, expr: sympy.Basic) -> str:
+        """`expr` as a float64 operand: an integer converted (Triton's `/` of integers
+        would divide in float32, and a bare literal is weakly typed)."""
+        if isinstance(expr, sympy.Number):
+            return constant(float(expr), torch.float64)
+        if float_valued(expr):
+            return self._print(expr)
+        return f"({self._print(expr)}).to(tl.float64)"
 
 
 def _ordered(args: tuple[sympy.Basic, ...]) -> list[sympy.Basic]:
