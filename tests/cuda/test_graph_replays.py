@@ -276,6 +276,8 @@ def test_a_training_forward_lends_its_saved_tensors_to_its_backward() -> None:
     # read in place too, as the forward reads them
     backward = [r for r in recordings if r.lent_indices]
     assert all(r.static_indices for r in backward), "the backward copied the saved weights"
+    # and the backward lends its gradients: autograd moves them into `.grad` uncopied
+    assert all(r.lent_storages and not r.sources for r in backward), "gradients were copied"
     # steps 1 and 2 run plainly (warm, then recorded and replayed at step 2 under 'on'):
     # both graphs replay from step 2 on, none fell back to a plain call
     assert sorted(g.replays for g in calls) == [7, 7], [g.replays for g in calls]
@@ -323,5 +325,35 @@ def test_gradients_kept_across_steps_still_give_the_plain_results() -> None:
             optimizer.step()
         return [p.detach().clone() for p in model.parameters()]
 
-    for a, b in zip(run("on"), run("off"), strict=True):
+    before = {id(g) for g in _graphed_calls()}
+    graphed = run("on")
+    calls = [g for g in _graphed_calls() if id(g) not in before]
+    for a, b in zip(graphed, run("off"), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # the first step ran plainly, every later one replayed both graphs
+    assert sorted(g.replays for g in calls) == [5, 5], [g.replays for g in calls]
+
+
+def test_a_gradient_the_user_keeps_is_not_overwritten() -> None:
+    """A reference to last step's gradient kept past `zero_grad()` keeps its values
+    while later backwards replay."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).cuda()
+    compiled = torch.compile(model, backend="ember", options={"cudagraphs": "on"})
+    before = {id(g) for g in _graphed_calls()}
+    kept = []
+    for step in range(5):
+        x = torch.full((16, 64), float(step + 1), device="cuda")
+        model.zero_grad()
+        compiled(x).sum().backward()
+        grad = model[0].weight.grad
+        assert grad is not None
+        kept.append((grad, grad.clone()))
+    for held, value in kept:
+        torch.testing.assert_close(held, value, rtol=0, atol=0)
+    # step 2's gradients, lent and kept, leave the lending recording unusable: from
+    # step 3 on the backward replays a second recording that copies its results out
+    calls = [g for g in _graphed_calls() if id(g) not in before]
+    backward = [g for g in calls if g._copying]
+    assert len(backward) == 1, [(g._name, g.replays) for g in calls]
+    assert sorted(g.replays for g in calls) == [4, 4], [g.replays for g in calls]

@@ -56,10 +56,9 @@ def _compile_kind(
     whatever the environment or a `config.scope` says by then."""
     with config.frozen(settings):
         static = _static_inputs() if kind != "backward" else ()
-        # a forward lends what it saves for the backward. (Lending a backward's
-        # gradients too measured no faster on the H100 suite: autograd copies them
-        # into .grad.)
-        lend = _saved_outputs_start() if kind == "forward" else None
+        # a forward lends what it saves for the backward, a backward its gradients
+        # (autograd moves them into `.grad`; ember.runtime.cudagraphs)
+        lend = _saved_outputs_start() if kind == "forward" else 0 if kind == "backward" else None
         return compile_graph(
             gm, example_inputs, name=kind, static_inputs=static, lend_outputs_from=lend
         )

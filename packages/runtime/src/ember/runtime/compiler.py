@@ -465,6 +465,9 @@ def _graphed(
         adaptive=setting == "auto",
         on_record=note,
         lend_from=lend_outputs_from,
+        # a graph lending all it returns (a backward's gradients) returns them to a
+        # caller that may keep them; a forward's lent tensors only its backward reads
+        copy_when_held=lend_outputs_from == 0,
     )
 
 
