@@ -250,3 +250,30 @@ def test_split_finals_share_a_kernel(lower: Callable[..., Program]) -> None:
     assert len(schedule.kernels) == 2, shapes  # the partials, then both finals
     assert sorted(len(names) for names in shapes) == [2, 2]
     check(program, schedule, backward_sums, *args)
+
+
+def test_a_split_welford_pair_folds_into_its_readers(lower: Callable[..., Program]) -> None:
+    """A batch norm's statistics: the chunks, then one kernel merging them and
+    computing what is per channel (rstd, the running mean). The stored [C, 2] pair
+    was a kernel of its own that nothing per channel could join."""
+
+    def bn_stats(t: torch.Tensor, running: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        var, mean = torch.var_mean(t, 0, correction=0)
+        return torch.rsqrt(var + 1e-5), running * 0.9 + mean * 0.1
+
+    args = (torch.randn(256, 4) * 2.0 + 3.0, torch.randn(4))
+    program = lower(bn_stats, *args)
+    schedule = schedule_program(program, SMALL)
+    welford = next(n for n in program.nodes if getattr(n.loop, "kind", None) == "welford")
+    assert welford.name not in {n.name for n in schedule.program.nodes}
+    assert len(schedule.kernels) == 2, [[m.name for m in k.members] for k in schedule.kernels]
+    check(program, schedule, bn_stats, *args)
+
+
+def test_a_pair_that_is_an_output_stays(lower: Callable[..., Program]) -> None:
+    """Where the pair itself is returned (its mean, a view of it, is an output), it is
+    stored as before and the values are unchanged."""
+    x = torch.randn(256, 4) + 3.0
+    program = lower(lambda t: torch.var_mean(t, 0), x)
+    schedule = schedule_program(program, SMALL)
+    check(program, schedule, lambda t: torch.var_mean(t, 0), x)

@@ -34,17 +34,25 @@ reductions over the S partials, a Welford of the means (`buf_means`) and a sum o
 M2_s (`buf_m2s`), and `buf` becomes the pointwise [mean, M2_s + n * M2_means] pair.
 Unsplit, resnet50's training-mode batch norms ran one program per 64 channels over
 all N*H*W rows: 38% of its training step's kernel time on the H100 machine.
+
+That pair is then folded into its readers where it can be (`_fold_pair`): a reader
+loading the mean loads it from `buf_means` (the same element of the same dense
+layout), one loading M2 computes `buf_m2s + n * M2_means` itself. Stored, the
+[C, 2] pair was a kernel of its own that no [C] reduction or pointwise could take
+in, so the per-channel epilogue of a batch norm's statistics (running stats, rstd)
+ran as a fourth kernel; folded, the merge and that epilogue share one.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import sympy
 import torch
 
 from ember.ir import ComputedBuffer, Layout, Load, Program, walk
-from ember.ir.expr import Const, IndexExpr, Op, Where, replace_index
+from ember.ir.expr import Const, IndexExpr, Node, Op, Where, map_dag, replace_index
+from ember.ir.layout import contiguous_strides
 from ember.ir.loops import Pointwise, Reduction
 from ember.ir.nodes import ComputeNode
 from ember.ir.symbolic import index_var, product
@@ -65,15 +73,85 @@ def split_reductions(program: Program, choices: DeviceChoices) -> Program:
     a final reduction (the same program when nothing is split)."""
     taken = {n.name for n in (*program.inputs, *program.constants, *program.nodes)}
     nodes: list[ComputeNode] = []
+    pairs: list[_Pair] = []
     for node in program.nodes:
         parts = _split(node, choices, taken) if isinstance(node, ComputedBuffer) else None
         if parts is None:
             nodes.append(node)
+        elif isinstance(parts, _Pair):
+            nodes.extend((parts.partial, parts.means, parts.m2s, parts.pair))
+            pairs.append(parts)
         else:
             nodes.extend(parts)
     if len(nodes) == len(program.nodes):
         return program
+    for folded in pairs:
+        nodes = _fold_pair(nodes, folded, program.output_names())
     return replace(program, nodes=nodes)
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """A split Welford: its chunks, the two merge reductions and the final pair."""
+
+    partial: ComputedBuffer  # the chunks' (mean, M2) pairs
+    means: ComputedBuffer  # [*outputs, 2]: the mean, and the M2 of the partial means
+    m2s: ComputedBuffer  # [*outputs]: the sum of the partial M2s
+    pair: ComputedBuffer  # [*outputs, 2]: the mean and M2, the original buffer's name
+    count: Node  # the elements per chunk, the partial means' M2 weight
+
+
+def _fold_pair(nodes: list[ComputeNode], folded: _Pair, outputs: set[str]) -> list[ComputeNode]:
+    """`nodes` without the pair, its readers computing what they load of it from the
+    means and M2 sums; `nodes` unchanged where the pair is a graph output, is read by
+    anything but pointwise or reduction bodies, or is loaded at a place whose field
+    (mean or M2) is not fixed by the index alone."""
+    pair, means = folded.pair, folded.means
+    name = pair.name
+    if name in outputs or not (_dense(pair.layout) and _dense(means.layout)):
+        return nodes
+    if product(pair.layout.size) != product(means.layout.size):
+        return nodes  # never (the same outputs, and the field): element k is element k
+    rewritten: dict[int, ComputeNode] = {}
+    for position, node in enumerate(nodes):
+        if node is pair or name not in set(node.reads()):
+            continue
+        if not isinstance(node, ComputedBuffer) or not isinstance(node.loop, Pointwise | Reduction):
+            return nodes
+        if node.mutates == name:
+            return nodes
+        body = _folded_body(node.loop.body, folded)
+        if body is None:
+            return nodes
+        rewritten[position] = replace(node, loop=replace(node.loop, body=body))
+    return [rewritten.get(i, n) for i, n in enumerate(nodes) if n is not pair]
+
+
+def _dense(layout: Layout) -> bool:
+    return layout.offset == 0 and layout.stride == contiguous_strides(layout.size)
+
+
+def _folded_body(body: Node, folded: _Pair) -> Node | None:
+    """`body` with each load of the pair replaced by the mean's load or the M2's
+    arithmetic; None where some load's field is not a constant of its index."""
+    name, dtype = folded.pair.name, folded.pair.layout.dtype
+    unfoldable: list[Load] = []
+
+    def fold(node: Node) -> Node:
+        if not isinstance(node, Load) or node.buffer != name:
+            return node
+        field = sympy.Mod(node.index, 2)
+        if node.mask is not None or node.indirect or field not in (0, 1):
+            unfoldable.append(node)
+            return node
+        if field == 0:
+            return replace(node, buffer=folded.means.name)
+        spread = Op("mul", (replace(node, buffer=folded.means.name), folded.count), dtype)
+        at = sympy.expand((node.index - 1) / 2)
+        return Op("add", (Load(folded.m2s.name, at, dtype), spread), dtype)
+
+    result = map_dag(body, fold)
+    return None if unfoldable else result
 
 
 def _is_static(exprs: tuple[sympy.Expr, ...]) -> bool:
@@ -82,7 +160,7 @@ def _is_static(exprs: tuple[sympy.Expr, ...]) -> bool:
 
 def _split(
     buffer: ComputedBuffer, choices: DeviceChoices, taken: set[str]
-) -> tuple[ComputedBuffer, ...] | None:
+) -> tuple[ComputedBuffer, ...] | _Pair | None:
     loop = buffer.loop
     if (
         not isinstance(loop, Reduction)
@@ -114,7 +192,7 @@ def _split(
         return None
     partial = _partial(loop, chunks, column, _fresh(f"{buffer.name}_partial", taken), buffer)
     if loop.kind == "welford":
-        return (partial, *_final_welford(buffer, loop, chunks, column, partial, taken))
+        return _final_welford(buffer, loop, chunks, column, partial, taken)
     return partial, _final(buffer, loop, chunks, column, partial)
 
 
@@ -179,7 +257,7 @@ def _final_welford(
     column: bool,
     partial: ComputedBuffer,
     taken: set[str],
-) -> tuple[ComputedBuffer, ComputedBuffer, ComputedBuffer]:
+) -> _Pair:
     """Chan's merge of S equal-count (mean, M2) partials: a Welford over the partial
     means (their mean is the mean; their M2 times the chunk's count is the spread
     between chunks), a sum of the partial M2s, and `buffer` as the pointwise pair."""
@@ -208,19 +286,17 @@ def _final_welford(
     field = index_var("i", len(loop.ranges))  # 0: mean, 1: M2
     mean_at = _point(outputs, means_layout.stride[:-1])
     m2s_at = _point(outputs, m2s_layout.stride)
+    weight = Const(float(count), dtype)
     spread = Op(
         "mul",
-        (
-            Load(means.name, sympy.expand(mean_at + means_layout.stride[-1]), dtype),
-            Const(float(count), dtype),
-        ),
+        (Load(means.name, sympy.expand(mean_at + means_layout.stride[-1]), dtype), weight),
         dtype,
     )
     m2 = Op("add", (Load(m2s.name, m2s_at, dtype), spread), dtype)
     is_mean = Op("eq", (IndexExpr(field), Const(0, torch.int64)), torch.bool)
     pair = Where(is_mean, Load(means.name, mean_at, dtype), m2)
     final = Pointwise((*loop.ranges, sympy.Integer(2)), pair)
-    return means, m2s, replace(buffer, loop=final)
+    return _Pair(partial, means, m2s, replace(buffer, loop=final), weight)
 
 
 def _point(variables: list[sympy.Symbol], strides: tuple[sympy.Expr, ...]) -> sympy.Expr:
