@@ -277,3 +277,21 @@ def test_a_pair_that_is_an_output_stays(lower: Callable[..., Program]) -> None:
     program = lower(lambda t: torch.var_mean(t, 0), x)
     schedule = schedule_program(program, SMALL)
     check(program, schedule, lambda t: torch.var_mean(t, 0), x)
+
+
+def test_a_training_batch_norm_takes_three_kernels(lower: Callable[..., Program]) -> None:
+    """AOTAutograd's batch norm forward returns the batch mean as a view of the
+    statistics (an `as_strided` extern) and reads it back through that view: the
+    view then points at the merged means and readers load the buffer itself, so the
+    chunks, the merge with every per-channel result, and the normalisation are the
+    three kernels (six before)."""
+
+    def forward(*args: torch.Tensor) -> Any:
+        return torch.ops.aten._native_batch_norm_legit_functional.default(*args, True, 0.1, 1e-5)
+
+    x = torch.randn(32, 6, 4, 4).to(memory_format=torch.channels_last) * 2.0 + 1.0
+    args = (x, torch.randn(6), torch.randn(6), torch.randn(6), torch.rand(6) + 1.0)
+    program = lower(forward, *args)
+    schedule = schedule_program(program, SMALL)
+    assert len(schedule.kernels) == 3, [[m.name for m in k.members] for k in schedule.kernels]
+    check(program, schedule, forward, *args)

@@ -18,6 +18,7 @@ from ember.scheduler.schedule import (
     Step,
 )
 from ember.scheduler.split import split_reductions
+from ember.scheduler.views import read_through_views
 
 
 def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES) -> Schedule:
@@ -31,7 +32,7 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
     schedule's `program` is the one its kernels compute: `program` itself, or a copy
     with split reductions (ember.scheduler.split) and their partial buffers.
     """
-    program = split_reductions(program, choices)
+    program = read_through_views(split_reductions(program, choices))
     fuser = Fuser(program, choices)
     groups = fuser.run()
     kernels = build_kernels(program, groups)

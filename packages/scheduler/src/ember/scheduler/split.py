@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 import sympy
 import torch
 
-from ember.ir import ComputedBuffer, Layout, Load, Program, walk
+from ember.ir import BufferRef, ComputedBuffer, ExternKernel, Layout, Load, Program, walk
 from ember.ir.expr import Const, IndexExpr, Node, Op, Where, map_dag, replace_index
 from ember.ir.layout import contiguous_strides
 from ember.ir.loops import Pointwise, Reduction
@@ -116,6 +116,12 @@ def _fold_pair(nodes: list[ComputeNode], folded: _Pair, outputs: set[str]) -> li
     for position, node in enumerate(nodes):
         if node is pair or name not in set(node.reads()):
             continue
+        if isinstance(node, ExternKernel):
+            view = _mean_view(node, name, means.name)
+            if view is None:
+                return nodes
+            rewritten[position] = view
+            continue
         if not isinstance(node, ComputedBuffer) or not isinstance(node.loop, Pointwise | Reduction):
             return nodes
         if node.mutates == name:
@@ -125,6 +131,20 @@ def _fold_pair(nodes: list[ComputeNode], folded: _Pair, outputs: set[str]) -> li
             return nodes
         rewritten[position] = replace(node, loop=replace(node.loop, body=body))
     return [rewritten.get(i, n) for i, n in enumerate(nodes) if n is not pair]
+
+
+def _mean_view(node: ExternKernel, pair: str, means: str) -> ExternKernel | None:
+    """`node` viewing the means buffer, where it is a view of the pair's means alone
+    (an `as_strided` at even offsets and strides: a training forward saves the batch
+    mean for its backward this way); None for any other reader."""
+    if node.op is not torch.ops.aten.as_strided.default or len(node.args) != 4:
+        return None
+    source, _, stride, offset = node.args
+    if not isinstance(source, BufferRef) or source.name != pair:
+        return None
+    if any(sympy.Mod(e, 2) != 0 for e in (*stride, offset)):
+        return None  # it reaches an M2, which the means buffer does not hold
+    return replace(node, args=(replace(source, name=means), *node.args[1:]))
 
 
 def _dense(layout: Layout) -> bool:
