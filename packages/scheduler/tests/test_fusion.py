@@ -218,9 +218,11 @@ def test_cnn_block_with_batch_norm_schedule(schedule: Callable[..., Schedule]) -
     train = schedule(lambda t: torch.relu(bn(conv(t))), x)
     reductions = {m.reduction for k in train.kernels for m in k.members if m.kind == "reduction"}
     assert "welford" in reductions or "sum" in reductions
-    # num_batches_tracked += 1; the statistics; the two running-stat updates (input
-    # mutations stay alone); normalise + ReLU.
-    assert len(train.kernels) == 5, [k.name for k in train.kernels]
+    # num_batches_tracked += 1; the statistics with the two running-stat updates
+    # (written into the buffers by the statistics' kernel); normalise + ReLU
+    assert len(train.kernels) == 3, [k.name for k in train.kernels]
+    (stats,) = [k for k in train.kernels if k.reduction_ranges]
+    assert sum(1 for m in stats.members if m.mutates) == 2
 
 
 def embedding_and_bias_grads(
@@ -407,3 +409,54 @@ def test_nothing_runs_before_the_step_that_binds_a_data_dependent_size() -> None
             used += len(symbols)
             assert all(defined[s] < position for s in symbols), (step.name, symbols)
     assert used == 2
+
+
+def _running_mean(x: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+    mean = x.mean(0)
+    running.copy_(running * 0.9 + mean * 0.1)  # as AOTAutograd writes it back
+    return x - mean
+
+
+def test_a_write_into_an_input_joins_the_kernel_of_what_it_writes(
+    lower: Callable[..., Program],
+) -> None:
+    """A batch norm's running statistics: the update of the input `running` is written
+    by the kernel computing the mean (it reads `running` only at the element it
+    writes), not by a kernel of its own."""
+    args = (torch.randn(64, 8), torch.randn(8))
+    program = lower(_running_mean, *[a.clone() for a in args])
+    sched = schedule_program(program)
+    writers = [k for k in sched.kernels if any(m.mutates for m in k.members)]
+    assert len(writers) == 1 and any(m.kind == "reduction" for m in writers[0].members)
+    assert len(sched.kernels) == 2  # the mean with the write, then x - mean
+    expected_args = [a.clone() for a in args]
+    expected = _running_mean(*expected_args)
+    got_args = [a.clone() for a in args]
+    (got,) = run_schedule(sched, got_args)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_args[1], expected_args[1])  # the input, updated
+
+
+def _read_then_write(x: torch.Tensor, running: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    mean = x.mean(0)
+    spread = running.flip(0) * 2.0  # reads every element of the old value
+    running.copy_(mean)
+    return spread, mean
+
+
+def test_a_write_stays_alone_where_a_later_kernel_reads_the_old_value(
+    lower: Callable[..., Program],
+) -> None:
+    """`spread` reads `running` at other elements than the ones the write stores, in a
+    kernel of its own after the mean's: the write may not move up into the mean's
+    kernel, ahead of that read."""
+    args = (torch.randn(64, 8), torch.randn(8))
+    program = lower(_read_then_write, *[a.clone() for a in args])
+    sched = schedule_program(program)
+    expected_args = [a.clone() for a in args]
+    expected = _read_then_write(*expected_args)
+    got_args = [a.clone() for a in args]
+    got = run_schedule(sched, got_args)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(got_args[1], expected_args[1])

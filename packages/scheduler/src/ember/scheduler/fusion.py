@@ -52,6 +52,7 @@ from ember.ir import (
 )
 from ember.ir.expr import map_dag, map_indices, replace_index
 from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, Sort, loop_bodies
+from ember.ir.nodes import ComputeNode
 from ember.ir.symbolic import index_var, product
 from ember.scheduler.choices import DeviceChoices
 from ember.scheduler.indexing import affine_coefficient, body_exprs, hint, store_index
@@ -77,6 +78,9 @@ class Group:
     reduction_ranges: tuple[sympy.Expr, ...]
     members: list[Member] = field(default_factory=list)
     closed: bool = False  # scatters and mutations take no company
+    # inputs (alias roots) a member writes in place (`Fuser._join_as_write`): nothing
+    # reading their old values may join later
+    writes: set[str] = field(default_factory=set)
 
     def names(self) -> set[str]:
         return {m.buffer.name for m in self.members}
@@ -324,6 +328,8 @@ class Fuser:
         # kind: read by `ember explain` through the schedule's fusion notes.
         self.refusals: dict[str, dict[str, str]] = {}
         self.alone: dict[str, str] = {}
+        self._roots_read: dict[str, frozenset[str]] = {}
+        self._used_names: frozenset[str] | None = None
 
     def run(self) -> list[Group]:
         for value in (*self.program.inputs, *self.program.constants):
@@ -356,6 +362,17 @@ class Fuser:
         if kind == SCATTER or buffer.mutates is not None or degenerate:
             # Scatters and mutations take no company; so does a reduction over no
             # dimension at all, which no iteration space of a fused kernel can hold.
+            # A pointwise write into an input may join the kernel computing what it
+            # writes, where that is safe (`_join_as_write`).
+            if (
+                kind == POINTWISE
+                and buffer.mutates is not None
+                and not degenerate
+                and self._join_as_write(buffer, position)
+            ):
+                roots = frozenset({self._root(buffer.name), self._root(buffer.mutates)})
+                self.barriers.append((position, roots))
+                return
             self._new_group(buffer, position, closed=True)
             self.alone[buffer.name] = (
                 "a reduction over no dimension runs alone"
@@ -403,6 +420,76 @@ class Fuser:
         group.members.append(member)
         self.group_of[buffer.name] = group
         self._note(group, -negative_order)
+
+    def _join_as_write(self, buffer: ComputedBuffer, position: int) -> bool:
+        """Put `buffer`, a pointwise write into an existing buffer X (a batch norm's
+        running mean, written back by AOTAutograd's `copy_`), in the kernel computing
+        what it writes, where that cannot change a value: every load of X in that
+        kernel is of the element this point writes (read before the store, in one
+        program), and every other step reading X's old value runs before that
+        kernel. A MobileNetV3 training forward ran 139 such writes as kernels of
+        their own, one to three elements per channel each."""
+        assert buffer.mutates is not None
+        target = self._root(buffer.mutates)
+        reads = self._reads(buffer)
+        best: tuple[int, int, Group, Member] | None = None
+        for order in sorted({k for name in reads for k in self._touching.get(name, ())}):
+            group = self.groups[order]
+            if target in group.writes or group.names().isdisjoint(reads):
+                continue  # only the kernel of a value it stores, writing X once
+            candidate = self._try(group, buffer)
+            if isinstance(candidate, str):
+                continue
+            member, score = candidate
+            better = score > 0 and (best is None or score > best[0])
+            if better and self._write_is_safe(group, member, target, position):
+                best = (score, order, group, member)
+        if best is None:
+            return False
+        _, order, group, member = best
+        group.members.append(member)
+        group.writes.add(target)
+        self.group_of[buffer.name] = group
+        self._note(group, order)
+        return True
+
+    def _write_is_safe(self, group: Group, member: Member, target: str, position: int) -> bool:
+        """Whether `member`, writing `target` at `member.index`, may join `group`
+        (see `_join_as_write`)."""
+        for m in (*group.members, member):
+            for n in walk(m.body):
+                if not isinstance(n, Load) or self._root(n.buffer) != target:
+                    continue
+                if n.mask is not None or n.indirect or sympy.expand(n.index - member.index):
+                    return False
+        names, used = group.names(), self._used()
+        for earlier in self.program.nodes[:position]:
+            if earlier.name in names or target not in self._read_roots(earlier):
+                continue
+            if earlier.name not in used and isinstance(earlier, ComputedBuffer):
+                continue  # read by nothing: no kernel computes it
+            other = self.group_of.get(earlier.name)
+            runs_at = other.position if other is not None else self.position_of[earlier.name]
+            if runs_at >= group.position:
+                return False
+        return True
+
+    def _used(self) -> frozenset[str]:
+        """What some node reads or the program returns (computed once)."""
+        if self._used_names is None:
+            used = set(self.program.output_names())
+            for node in self.program.nodes:
+                used.update(node.reads())
+            self._used_names = frozenset(used)
+        return self._used_names
+
+    def _read_roots(self, node: ComputeNode) -> frozenset[str]:
+        """The alias roots of what `node` reads (remembered: nodes never change)."""
+        found = self._roots_read.get(node.name)
+        if found is None:
+            found = frozenset(self._root(n) for n in node.reads())
+            self._roots_read[node.name] = found
+        return found
 
     def _cousins(self, buffer: ComputedBuffer, reads: frozenset[str]) -> set[int]:
         """Positions of the reduction groups over `buffer`'s own iteration space that
@@ -501,6 +588,8 @@ class Fuser:
         if group.members[0].buffer.layout.device != buffer.layout.device:
             return "they run on different devices"
         kind = _kind(buffer)
+        if group.writes and any(self._root(n) in group.writes for n in self._reads(buffer)):
+            return "it reads what that kernel writes in place"
         if kind == SCAN or any(m.kind == SCAN for m in group.members):
             return self._try_scan_sibling(group, buffer)
         if kind == SORT or any(m.kind == SORT for m in group.members):
