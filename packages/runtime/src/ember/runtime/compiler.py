@@ -83,7 +83,7 @@ class CompileRecord:
     debug_dir: Path | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
     fused_kernels: int = 0  # generated kernels among `kernels`
-    planned_peak_bytes: int = 0  # the memory plan's peak (size symbols counted as 64)
+    planned_peak_bytes: int = 0  # the memory plan's peak (size symbols counted as `ember.ir.SIZE_HINT`)
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
     cudagraphs: str = "off"  # whether its calls replay CUDA graphs, or why not
