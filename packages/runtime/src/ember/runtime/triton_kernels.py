@@ -333,6 +333,8 @@ class TritonLauncher:
         # the graph's compiles, still running when compile_triton_kernels returned
         self.pending: Precompiler | None = None
         self._binaries_lock = threading.Lock()
+        # where a launcher without its module (restored) writes its source to load it
+        self._sources = _restored_sources() if module is None else None
 
     # -- compiling -----------------------------------------------------------------
 
@@ -340,7 +342,8 @@ class TritonLauncher:
         """The module of the kernel's jit function (loaded now for a restored
         launcher: only compiling and Triton's interpreter need it)."""
         if self._module is None:
-            self._module = load_kernel_module(self.kernel.source, _restored_sources())
+            assert self._sources is not None  # made with its module otherwise
+            self._module = load_kernel_module(self.kernel.source, self._sources())
         return self._module
 
     @property
@@ -724,12 +727,15 @@ def _config_from(data: dict[str, Any]) -> LaunchConfig:
     return LaunchConfig(blocks, int(data["num_warps"]), int(data["num_stages"]))
 
 
-def _restored_sources() -> Path:
-    """Where restored launchers write their kernels' sources when they must load
-    them (Triton reads a jit function's source from its file): the current cache."""
-    from ember.runtime.config import config
+def _restored_sources() -> Callable[[], Path]:
+    """Where a launcher restored now writes its kernel's source if it must load it
+    (Triton reads a jit function's source from its file), maybe calls later: the
+    cache of the settings in force now (the restoring compile's), not of the
+    settings in force at that call."""
+    from ember.runtime.config import cache_directory, config
 
-    return Path(config.cache_dir) / "kernels"
+    cache, directory = config.cache, config.get("cache_dir")
+    return lambda: cache_directory(cache, directory) / "kernels"
 
 
 class _Bound:

@@ -27,10 +27,10 @@ beside its indices), so that codegens sort the row once for both.
 Scatters and mutations of inputs stay alone; extern calls are never fused and nothing
 is fused across them when they read what a node of the group computes.
 
-Score: the bytes that fusing keeps out of memory, counted with all size symbols at `ember.ir.SIZE_HINT`
-(only the order of candidates matters). Vertical fusion saves the producer's reads;
-horizontal fusion (siblings sharing an input, same iteration space) saves one read of
-the shared input.
+Score: the bytes that fusing keeps out of memory, counted with all size symbols at
+`ember.ir.SIZE_HINT` (only the order of candidates matters). Vertical fusion saves the
+producer's reads; horizontal fusion (siblings sharing an input, same iteration space)
+saves one read of the shared input.
 """
 
 from __future__ import annotations
