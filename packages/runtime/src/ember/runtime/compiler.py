@@ -35,6 +35,7 @@ from ember.ir import (
 )
 from ember.runtime import compile_cache
 from ember.runtime.artifact import Artifact, runner
+from ember.runtime.bounded import RecentRecords
 from ember.runtime.config import EmberConfigError, config
 from ember.runtime.cpu_gemm import prefer_for
 from ember.runtime.debug import repro_source, run_directory
@@ -109,7 +110,9 @@ class CompileRecord:
         return sum(self.stage_seconds.values())
 
 
-compile_records: list[CompileRecord] = []
+# The last 4096 graphs' records (positions still count every graph: `RecentRecords`).
+RECORDS_KEPT = 4096
+compile_records: RecentRecords[CompileRecord] = RecentRecords(RECORDS_KEPT)
 
 
 class CompiledGraph:

@@ -63,6 +63,7 @@ from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
 from ember.codegen.triton.plan import GridSpec
 from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime import compile_pool, cuda_driver
+from ember.runtime.bounded import LRUCache
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
 
@@ -70,7 +71,11 @@ log = logging.getLogger("ember.runtime")
 
 # source hash -> loaded module, while a launcher uses it
 _modules: weakref.WeakValueDictionary[str, ModuleType] = weakref.WeakValueDictionary()
-_chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
+# (source hash, sizes, dtypes) -> the config tuning chose: one entry per kernel and
+# set of sizes, so a dynamic-shape graph adds one per new size. The most recent 4096
+# are kept; a forgotten one is tuned again (a few timed launches) if its sizes return.
+CHOSEN_LIMIT = 4096
+_chosen: LRUCache[tuple[Any, ...], LaunchConfig] = LRUCache(CHOSEN_LIMIT)
 # Seconds spent in first launches (choosing a config, loading binaries, binding), for
 # compile-time profiles: tuning happens at the first call, so this part of a cold
 # start is not in any CompileRecord.
@@ -701,17 +706,15 @@ class TritonLauncher:
         return best
 
 
+@functools.lru_cache(maxsize=4096)  # one per distinct grid text; a dropped one is evaluated again
 def _grid_function(text: str) -> Callable[[dict[str, int], dict[str, int]], int]:
     """The grid's block count as a function of (sizes by name, blocks by name), from
     its Python text (`GridSpec.python`: ember's own, from the kernel it rendered or the
     artifact's checked spec)."""
-    function = _GRIDS.get(text)
-    if function is None:
-        function = _GRIDS[text] = eval(f"lambda sizes, blocks: {text}")
+    function: Callable[[dict[str, int], dict[str, int]], int] = eval(
+        f"lambda sizes, blocks: {text}"
+    )
     return function
-
-
-_GRIDS: dict[str, Callable[[dict[str, int], dict[str, int]], int]] = {}
 
 
 def _config_json(config: LaunchConfig) -> dict[str, Any]:

@@ -39,7 +39,6 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
@@ -126,11 +125,7 @@ class GridSpec:
     def function(self) -> Callable[[Mapping[str, int], Mapping[str, int]], int]:
         """The grid as a plain Python function of (sizes by name, blocks by name),
         compiled once: it runs on every launch."""
-        cached = _GRID_FUNCTIONS.get(self.axes)
-        if cached is None:
-            cached = eval(f"lambda sizes, blocks: {self.python()}")  # our own text
-            _GRID_FUNCTIONS[self.axes] = cached
-        return cached
+        return _grid_function(self.axes)
 
     def python(self) -> str:
         """The block count as a Python expression over `sizes[...]` and `blocks[...]`."""
@@ -145,7 +140,16 @@ class GridSpec:
         return " * ".join(f"cdiv({numel}, {block})" for numel, block in self.axes) or "1"
 
 
-_GRID_FUNCTIONS: dict[Any, Callable[[Mapping[str, int], Mapping[str, int]], int]] = {}
+# One per distinct grid (each new static shape makes one): the most recent 4096 are
+# kept, a dropped one is compiled again from its text.
+@functools.lru_cache(maxsize=4096)
+def _grid_function(
+    axes: tuple[tuple[sympy.Expr, str], ...],
+) -> Callable[[Mapping[str, int], Mapping[str, int]], int]:
+    function: Callable[[Mapping[str, int], Mapping[str, int]], int] = eval(
+        f"lambda sizes, blocks: {GridSpec(axes).python()}"  # our own text
+    )
+    return function
 
 
 @dataclass(frozen=True)
