@@ -580,7 +580,10 @@ def test_recompute_is_on_for_cuda_graphs_by_default() -> None:
     from ember.runtime.config import KNOBS
 
     assert KNOBS["recompute"].default() == "cuda"
-    cpu, cuda = {torch.device("cpu")}, {torch.device("cpu"), torch.device("cuda", 0)}
+    from ember.runtime.devices import device_records
+
+    cpu = device_records({torch.device("cpu")})
+    cuda = device_records({torch.device("cpu"), torch.device("cuda", 0)})
     with config.scope(recompute="cuda"):
         assert recompute_shared(cuda) and not recompute_shared(cpu)
     with config.scope(recompute="all"):

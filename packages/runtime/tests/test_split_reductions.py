@@ -96,9 +96,10 @@ def test_split_cpp_kernels_match_interpreter_and_eager(
 
 def test_compiled_graph_with_cpu_choices_splits_and_matches_eager(tmp_path: Path) -> None:
     from ember.codegen.cpp import CPP_CHOICES
+    from ember.runtime.devices import device_records
     from ember.runtime.kernels import scheduling_choices
 
-    assert scheduling_choices({torch.device("cpu")}) is CPP_CHOICES
+    assert scheduling_choices(device_records({torch.device("cpu")})) is CPP_CHOICES
     x = torch.randn(1 << 16)
     case = trace("split_cpu_choices", lambda t: (t * 2).sum(), (x,), choices=CPP_CHOICES)
     if CPP_CHOICES.split_workers >= 2:

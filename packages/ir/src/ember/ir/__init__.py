@@ -85,7 +85,7 @@ from ember.ir.nodes import (
 from ember.ir.ops import OP_NAMES, OpsHandler
 from ember.ir.printer import format_arg, format_body, format_program
 from ember.ir.program import Program
-from ember.ir.symbolic import as_expr, evaluate
+from ember.ir.symbolic import SIZE_HINT, as_expr, evaluate, size_hint
 from ember.ir.verify import verify
 
 __all__ = [
@@ -94,6 +94,7 @@ __all__ = [
     "OP_NAMES",
     "REDUCTION_KINDS",
     "SCAN_KINDS",
+    "SIZE_HINT",
     "BufferRef",
     "Cast",
     "CheckIndex",
@@ -148,6 +149,7 @@ __all__ = [
     "offset_symbol",
     "register_lowering",
     "run_program",
+    "size_hint",
     "size_value",
     "verify",
     "walk",

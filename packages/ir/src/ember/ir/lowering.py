@@ -56,7 +56,7 @@ from ember.ir.nodes import (
     returns_view,
 )
 from ember.ir.program import Program
-from ember.ir.symbolic import as_expr, loop_vars, simplify_index
+from ember.ir.symbolic import as_expr, loop_vars, simplify_index, size_hint
 from ember.ir.tensor import LazyTensor, buffer_loader
 
 log = logging.getLogger("ember.ir")
@@ -900,10 +900,13 @@ def non_overlapping(layout: Layout) -> bool:
     can store to in a fresh `empty_strided` buffer. Proven for all sizes: each stride,
     smallest first, reaches past the farthest element the smaller dimensions reach,
     either exactly (each floor division as an opaque positive integer) or against an
-    upper bound (a // b <= a / b, for slices like [::2] of a symbolic size)."""
+    upper bound (a // b <= a / b, for slices like [::2] of a symbolic size). The
+    dimensions are tried in the order of their strides at the size guess
+    (`symbolic.size_hint`): the proof holds for whatever order it succeeds in, so a
+    guess that orders them wrongly fails it (a copy), never passes a wrong one."""
     dims = sorted(
         ((st, sz) for st, sz in zip(layout.stride, layout.size, strict=True) if sz != 1),
-        key=lambda pair: _hint(pair[0]),
+        key=lambda pair: size_hint(pair[0]),
     )
     divisions = sorted(
         {e for st, sz in dims for e in (st, sz) for e in sympy.preorder_traversal(e)
@@ -934,14 +937,6 @@ def _same_strides(a: Layout, b: Layout) -> bool:
         sympy.expand(x - y) == 0
         for x, y, n in zip(a.stride, b.stride, a.size, strict=True)
         if n != 1
-    )
-
-
-def _hint(expr: sympy.Expr) -> int:
-    return (
-        int(expr.xreplace({s: sympy.Integer(97) for s in expr.free_symbols}))
-        if expr.free_symbols
-        else int(expr)
     )
 
 

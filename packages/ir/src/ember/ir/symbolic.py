@@ -18,6 +18,26 @@ import torch
 Expr = sympy.Expr
 
 
+# What a size symbol counts as wherever a heuristic needs a number for it: the one
+# guess of the whole stack (the scheduler's loop order and fusion scores, the Triton
+# codegen's block sizes and tuning menu, the lowering's stride order), so that every
+# layer plans for the same program. Large, because the sizes that are left symbolic
+# are the ones that vary (batch, sequence length) and a kernel tuned for a small guess
+# (a 64-wide block) would run a large size slowly, while one tuned for a large guess
+# runs a small size masked. A power of two, as most real sizes are. It stands for no
+# actual size: the IR never reads a symbol's example value (see above), and nothing
+# that decides correctness may rest on it, only speed.
+SIZE_HINT = 4096
+
+
+def size_hint(expr: sympy.Expr) -> int:
+    """`expr` as a number: every size symbol counted as `SIZE_HINT` (for heuristics
+    only: ordering, scoring, picking configs)."""
+    if expr.is_number:
+        return int(expr)
+    return int(expr.xreplace(dict.fromkeys(expr.free_symbols, sympy.Integer(SIZE_HINT))))
+
+
 def as_expr(value: Any) -> sympy.Expr:
     """An int, bool, float or torch Sym* value as a sympy expression."""
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):

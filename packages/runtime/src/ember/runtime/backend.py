@@ -34,6 +34,7 @@ from ember.graphpasses.graph_edit import output_node
 from ember.runtime import compile_pool
 from ember.runtime.compiler import compile_graph
 from ember.runtime.config import KNOBS, EmberConfigError, config
+from ember.runtime.devices import defaults_for
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,8 @@ def partition_fn(device_type: str = "cuda") -> Callable[..., Any]:
     from torch._functorch import partitioners
 
     choice = config.partitioner
-    if choice == "auto":
-        choice = "mincut" if device_type == "cuda" else "save-all"
+    if choice == "auto":  # the device type's default (ember.runtime.devices)
+        choice = "mincut" if defaults_for(device_type).mincut else "save-all"
     if choice == "mincut":
         return min_cut_partition
     return partitioners.default_partition
@@ -227,6 +228,7 @@ def _aot_call(
 ) -> Any:
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
+    device_type = "cuda" if on_cuda else "cpu"
     if config.kernels == "auto" and on_cuda:
         # the workers start (and warm up) while AOTAutograd traces
         compile_pool.start(compile_pool.cuda_target(cuda[0]))
@@ -238,14 +240,14 @@ def _aot_call(
         bw_compiler=_compiler("backward", settings),
         inference_compiler=_compiler("inference", settings),
         decompositions=aot_decompositions(),
-        partition_fn=_channels_last_then(
-            partition_fn("cuda" if on_cuda else "cpu"), config.layout_devices
-        ),
+        partition_fn=_channels_last_then(partition_fn(device_type), config.layout_devices),
         # Input mutations stay in the inference graph as copy_ epilogues, which ember
         # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
         keep_inference_input_mutations=True,
     )
-    eager_backward = config.backward == "eager" or (config.backward == "auto" and on_cuda)
+    eager_backward = config.backward == "eager" or (
+        config.backward == "auto" and defaults_for(device_type).eager_backward
+    )
     if eager_backward:
         options["bw_compiler"] = _failing_at_first_call(options["bw_compiler"])
     with _backward_compile(eager_backward):

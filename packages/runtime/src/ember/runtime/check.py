@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from ember.runtime.accuracy import Comparison, compare, tolerance
-from ember.runtime.config import config
+from ember.runtime.config import cache_directory, config
 from ember.runtime.debug import run_directory
 from ember.runtime.store import secure_directory
 
@@ -115,11 +115,19 @@ def first_divergence(
     return None
 
 
-def _dump_location(graph: str, eager_gm: torch.fx.GraphModule, wrapper: Path | None) -> Path:
-    directory = run_directory(config.debug_dir) / graph if config.debug_dir is not None else None
+def _dump_location(
+    graph: str,
+    eager_gm: torch.fx.GraphModule,
+    wrapper: Path | None,
+    debug_dir: Path | None,
+    cache_dir: Callable[[], Path],
+) -> Path:
+    """Where a divergence is dumped: the graph's debug directory where it exists,
+    else a private one in the cache (`cache_dir`, made only when needed)."""
+    directory = run_directory(debug_dir) / graph if debug_dir is not None else None
     if directory is not None and directory.exists():
         return directory
-    directory = secure_directory(config.cache_dir / "check") / graph  # made 0700, as the cache
+    directory = secure_directory(cache_dir() / "check") / graph  # made 0700, as the cache
     directory.mkdir(exist_ok=True)
     (directory / "graph.py").write_text(eager_gm.code)
     (directory / "wrapper_path.txt").write_text(f"{wrapper}\n")
@@ -132,9 +140,15 @@ def checked(
     graph: str,
     wrapper: Path | None = None,
 ) -> Callable[[list[Any]], Any]:
-    """Wrap a compiled boxed callable so each call is also run eagerly and compared."""
+    """Wrap a compiled boxed callable so each call is also run eagerly and compared.
+    The settings are the compile's (read here), not those in force at each call."""
     random = has_random_ops(eager_gm)
     warned = False
+    mode, debug_dir = config.check, config.debug_dir
+    cache, directory = config.cache, config.get("cache_dir")
+
+    def cache_of() -> Path:
+        return cache_directory(cache, directory)
 
     def run(args: list[Any]) -> Any:
         nonlocal warned
@@ -157,12 +171,13 @@ def checked(
         index, detail, verdict = found
         dtype = getattr(_as_list(expected)[index] if what == "output" else None, "dtype", None)
         tol = f" (rtol, atol = {tolerance(dtype)})" if verdict is not None and dtype else ""
+        dump = _dump_location(graph, eager_gm, wrapper, debug_dir, cache_of)
         message = (
             f"EMBER_CHECK: graph {graph!r} diverges from eager at {what} {index}: "
-            f"{detail}{tol}. Debug dump: {_dump_location(graph, eager_gm, wrapper)}. "
+            f"{detail}{tol}. Debug dump: {dump}. "
             "(EMBER_DEBUG_DIR=<dir> dumps every stage of each graph.)"
         )
-        if config.check == "warn":
+        if mode == "warn":
             if not warned:
                 warned = True
                 warnings.warn(message, EmberCheckWarning, stacklevel=2)

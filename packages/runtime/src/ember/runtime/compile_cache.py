@@ -48,6 +48,7 @@ from ember.runtime.artifact import (
     versions,
 )
 from ember.runtime.config import config
+from ember.runtime.devices import cuda_properties
 from ember.runtime.store import EntryStore
 
 log = logging.getLogger("ember.runtime")
@@ -84,8 +85,8 @@ def graph_key(
     add("settings", [(name, config.get(name)) for name in KEYED_SETTINGS])
     add("versions", sorted(versions().items()))
     for device in sorted(devices, key=str):
-        if device.type == "cuda":
-            add("cuda", device, torch.cuda.get_device_capability(device))
+        if device.type == "cuda":  # capability, and the SM count that sizes split reductions
+            add("cuda", device, cuda_properties(device))
         elif device.type == "cpu" and config.kernels == "auto":
             add("cpu", _cpu_target())
     return digest.hexdigest()[:40]
@@ -175,27 +176,36 @@ def store_after_first_call(
     call: Callable[[list[Any]], Any], key: str, artifact: Artifact
 ) -> Callable[[list[Any]], Any]:
     """`call`, which stores `artifact` under `key` once its first call has returned
-    (its kernels are compiled and their configs chosen by then)."""
+    (its kernels are compiled and their configs chosen by then), in the store of the
+    compile's settings (taken now: the call may come after they changed)."""
     pending = [True]
+    try:
+        entries = _store()
+    except OSError as exc:
+        log.warning("graph %s will not be cached: %s", artifact.graph, exc)
+        return call
 
     def run(args: list[Any]) -> Any:
         result = call(args)
         if pending:
             pending.clear()
-            store(key, artifact)
+            store(key, artifact, entries)
         return result
 
     return run
 
 
-def store(key: str, artifact: Artifact) -> None:
+def store(key: str, artifact: Artifact, entries: EntryStore | None = None) -> None:
+    """`artifact` under `key` in `entries` (the current settings' store by default)."""
     try:
         files = artifact.files()
     except ArtifactError as exc:
         log.debug("graph %s is not cached: %s", artifact.graph, exc)
         return
     try:
-        _store().put(key, {path.replace("/", _SEPARATOR): data for path, data in files.items()})
+        (entries or _store()).put(
+            key, {path.replace("/", _SEPARATOR): data for path, data in files.items()}
+        )
     except OSError as exc:
         log.warning("graph %s could not be cached: %s", artifact.graph, exc)
         return

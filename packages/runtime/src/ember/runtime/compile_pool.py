@@ -251,11 +251,17 @@ def wait_prepared() -> float:
 
 
 def cuda_target(device: torch.device) -> tuple[str, int, int] | None:
-    """Triton's target for a CUDA device, or None off NVIDIA's CUDA (ROCm)."""
+    """Triton's target for a CUDA device (its capability and warp size, from
+    ember.runtime.devices), or None off NVIDIA's CUDA (ROCm) or without the device."""
+    from ember.runtime.devices import cuda_properties
+
     if torch.version.cuda is None:
         return None
-    major, minor = torch.cuda.get_device_capability(device)
-    return ("cuda", major * 10 + minor, 32)
+    properties = cuda_properties(device)
+    if properties is None or properties.capability is None:
+        return None
+    major, minor = properties.capability
+    return ("cuda", major * 10 + minor, properties.warp_size)
 
 
 Done = Callable[[dict[str, Any] | BaseException], None]

@@ -29,6 +29,7 @@ import sys
 # ember.runtime's own modules (config.py, logs.py, ...) would shadow same-named ones.
 sys.path[:] = [p for p in sys.path if p != (__file__.rpartition("/")[0] or ".")]
 
+import collections  # noqa: E402
 import contextlib  # noqa: E402
 import functools  # noqa: E402
 import importlib.util  # noqa: E402
@@ -52,7 +53,10 @@ def _warm_up_kernel(out, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def
     tl.store(out + i, i.to(tl.float32) * 2.0, mask=i < n)
 
 
-_modules: dict[str, Any] = {}
+# path -> the kernel module loaded from it: the most recent MODULES_KEPT, since a
+# worker serves every graph the parent compiles; a dropped one is read again.
+MODULES_KEPT = 256
+_modules: collections.OrderedDict[str, Any] = collections.OrderedDict()
 
 
 @functools.cache
@@ -88,6 +92,10 @@ def _function(path: str, module_name: str, function: str) -> Any:
         linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
         exec(code, module.__dict__)
         _modules[path] = module
+        while len(_modules) > MODULES_KEPT:
+            _modules.popitem(last=False)
+    else:
+        _modules.move_to_end(path)
     return getattr(module, function)
 
 

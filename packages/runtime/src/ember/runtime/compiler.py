@@ -35,12 +35,15 @@ from ember.ir import (
 )
 from ember.runtime import compile_cache
 from ember.runtime.artifact import Artifact, runner
+from ember.runtime.bounded import RecentRecords
 from ember.runtime.config import EmberConfigError, config
 from ember.runtime.cpu_gemm import prefer_for
 from ember.runtime.debug import repro_source, run_directory
+from ember.runtime.devices import device_records
 from ember.runtime.explain import EXPLAIN_FILE, matmul_dtypes, schedule_summary
 from ember.runtime.kernels import (
     Launcher,
+    Records,
     compile_kernels,
     scheduling_choices,
     sort_limits,
@@ -83,7 +86,9 @@ class CompileRecord:
     debug_dir: Path | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
     fused_kernels: int = 0  # generated kernels among `kernels`
-    planned_peak_bytes: int = 0  # the memory plan's peak (size symbols counted as 64)
+    planned_peak_bytes: int = (
+        0  # the memory plan's peak (size symbols counted as `ember.ir.SIZE_HINT`)
+    )
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
     cudagraphs: str = "off"  # whether its calls replay CUDA graphs, or why not
@@ -105,7 +110,9 @@ class CompileRecord:
         return sum(self.stage_seconds.values())
 
 
-compile_records: list[CompileRecord] = []
+# The last 4096 graphs' records (positions still count every graph: `RecentRecords`).
+RECORDS_KEPT = 4096
+compile_records: RecentRecords[CompileRecord] = RecentRecords(RECORDS_KEPT)
 
 
 class CompiledGraph:
@@ -190,13 +197,13 @@ def compile_graph(
             gm, report = pipeline.run(gm)
             log.debug("%s", report.format())
         trace_artifact(f"ember_{graph_name}_passes", lambda: _passes_text(gm, report.format()))
-        devices = _devices(gm)
-        loops = wants_loops(devices, config.kernels)
+        records = device_records(_devices(gm))  # each device asked once, here
+        loops = wants_loops(records, config.kernels)
         stage = "lowering"
-        program, schedule, launchers = _build(gm, graph_name, record, debug, devices, loops=loops)
+        program, schedule, launchers = _build(gm, graph_name, record, debug, records, loops=loops)
         if loops and launchers is None:
             program, schedule, launchers = _build(
-                gm, graph_name, record, debug, devices, loops=False
+                gm, graph_name, record, debug, records, loops=False
             )
         stage = "wrapper"
         with _timed(record, stage):
@@ -266,11 +273,14 @@ def _finish(
     return CompiledGraph(call, record, artifact)
 
 
-def recompute_shared(devices: set[torch.device]) -> bool:
-    """Whether a graph on `devices` recomputes shared values wider than their inputs
-    (EMBER_RECOMPUTE: `cuda`, the default, for graphs with a CUDA tensor)."""
+def recompute_shared(records: Records) -> bool:
+    """Whether a graph on the devices of `records` recomputes shared values wider than
+    their inputs (EMBER_RECOMPUTE: `cuda`, the default, for graphs with a device whose
+    type recomputes by default: `DeviceDefaults.recompute_shared`, CUDA's)."""
     setting = config.recompute
-    return setting == "all" or (setting == "cuda" and any(d.type == "cuda" for d in devices))
+    return setting == "all" or (
+        setting == "cuda" and any(r.defaults.recompute_shared for r in records.values())
+    )
 
 
 def _build(
@@ -278,7 +288,7 @@ def _build(
     name: str,
     record: CompileRecord,
     debug: Path | None,
-    devices: set[torch.device],
+    records: Records,
     *,
     loops: bool,
 ) -> tuple[Program, Schedule, dict[str, Launcher] | None]:
@@ -292,23 +302,23 @@ def _build(
         options = LoweringOptions(
             allow_fallback=config.fallback,
             loops=loops,
-            unsupported_ops=unsupported_ops(devices, config.kernels) if loops else frozenset(),
-            sort_limits=sort_limits(devices, config.kernels),
-            recompute_shared=recompute_shared(devices),
+            unsupported_ops=unsupported_ops(records, config.kernels) if loops else frozenset(),
+            sort_limits=sort_limits(records, config.kernels),
+            recompute_shared=recompute_shared(records),
             index_checks=config.index_checks,
         )
         program = lower_graph(gm, name=name, options=options)
         verify(program)
     _dump(debug, "ir.txt", lambda: format_program(program), name)
     with _timed(record, "scheduling"):
-        schedule = schedule_program(program, scheduling_choices(devices))
+        schedule = schedule_program(program, scheduling_choices(records))
     _dump(debug, "schedule.txt", schedule.format, name)
     if not schedule.kernels:
         return program, schedule, {}
     try:
         with _timed(record, "kernels"):
             launchers = compile_kernels(
-                schedule.kernels, config.kernels, config.cache_dir / "kernels"
+                schedule.kernels, config.kernels, config.cache_dir / "kernels", records
             )
     except EmberConfigError:
         raise

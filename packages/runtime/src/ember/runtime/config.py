@@ -339,6 +339,15 @@ def warn_unknown_variables() -> None:
             warnings.warn(_unknown_message(name, guess), UserWarning, stacklevel=3)
 
 
+def cache_directory(cache: str, directory: str | os.PathLike[str]) -> Path:
+    """`config.cache_dir` for the settings EMBER_CACHE=`cache` and
+    EMBER_CACHE_DIR=`directory`: for code that runs after its compile (a first call,
+    a lazily loaded kernel) with the values its compile read."""
+    if cache == "off":
+        return private_directory() / "cache"
+    return Path(directory)
+
+
 class EmberConfig:
     """The settings, read from the environment on each access unless overridden."""
 
@@ -387,9 +396,7 @@ class EmberConfig:
     def cache_dir(self) -> Path:
         """Where generated code goes: EMBER_CACHE_DIR, or with EMBER_CACHE=off a
         directory of this process's own (removed at exit)."""
-        if self.cache == "off":
-            return private_directory() / "cache"
-        return Path(self.get("cache_dir"))
+        return cache_directory(self.cache, self.get("cache_dir"))
 
     @property
     def cache(self) -> str:
@@ -414,8 +421,12 @@ class EmberConfig:
 
     @property
     def layout_devices(self) -> tuple[str, ...]:
-        """The device types whose convolution graphs run channels-last."""
-        return {"auto": ("cuda",), "channels-last": ("cuda", "cpu"), "keep": ()}[self.layout]
+        """The device types whose convolution graphs run channels-last ('auto': those
+        whose `DeviceDefaults.channels_last` is set, CUDA's)."""
+        from ember.runtime.devices import DEFAULTS  # imported at the first compile only
+
+        auto = tuple(name for name, defaults in DEFAULTS.items() if defaults.channels_last)
+        return {"auto": auto, "channels-last": ("cuda", "cpu"), "keep": ()}[self.layout]
 
     @property
     def recompute(self) -> str:

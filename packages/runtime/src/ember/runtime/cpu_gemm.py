@@ -33,12 +33,15 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ember.graphpasses import LinearCase, linear_op
 from ember.graphpasses.cpu_linear import Prefer
+from ember.runtime.bounded import LRUCache
 
 log = logging.getLogger(__name__)
 
 MARGIN = 0.95  # oneDNN must take at most this fraction of ATen's time
 MAX_TIMED_MACS = 1 << 28  # larger matmuls are not timed: ATen
-_verdicts: dict[tuple[LinearCase, int], bool] = {}
+# (case, threads) -> whether oneDNN won: one per distinct linear shape, so dynamic
+# shapes add one per size; the most recent 1024 are kept, a forgotten one is timed again.
+_verdicts: LRUCache[tuple[LinearCase, int], bool] = LRUCache(1024)
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda t: t,

@@ -11,25 +11,20 @@ called with the kernel's buffer arguments then its size arguments.
 
 from __future__ import annotations
 
-import functools
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import sympy
 import torch
 
+from ember.runtime.devices import DeviceRecord, device_record
 from ember.scheduler import DEFAULT_CHOICES, DeviceChoices, FusedKernel, run_kernel
 
 Launcher = Callable[..., None]
 KernelCompiler = Callable[..., dict[str, Launcher]]  # (kernels, *, cache_dir)
-
-# device type -> (module, function) of the compiler for kernels on that device.
-_COMPILERS = {
-    "cpu": ("ember.runtime.cpp_kernels", "compile_cpp_kernels"),
-    "cuda": ("ember.runtime.triton_kernels", "compile_triton_kernels"),
-}
+Records = Mapping[torch.device, DeviceRecord]  # a graph's devices (ember.runtime.devices)
 
 
 class KernelsUnavailable(RuntimeError):
@@ -50,15 +45,15 @@ def reference_launcher(kernel: FusedKernel) -> Launcher:
     return launch
 
 
-def compiler_for(device: torch.device, mode: str) -> KernelCompiler:
-    """The kernel compiler to use for `device` under EMBER_KERNELS=`mode`."""
+def compiler_for(record: DeviceRecord, mode: str) -> KernelCompiler:
+    """The kernel compiler to use for `record`'s device under EMBER_KERNELS=`mode`."""
     if mode == "reference":
         return lambda kernels, *, cache_dir: {k.name: reference_launcher(k) for k in kernels}
     if mode != "auto":
         raise KernelsUnavailable(f"EMBER_KERNELS={mode}: generated kernels are off")
-    if device.type not in _COMPILERS:
-        raise KernelsUnavailable(f"ember generates no kernels for {device.type} devices")
-    module_name, function = _COMPILERS[device.type]
+    if record.compiler is None:
+        raise KernelsUnavailable(f"ember generates no kernels for {record.type} devices")
+    module_name, function = record.compiler
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -68,7 +63,7 @@ def compiler_for(device: torch.device, mode: str) -> KernelCompiler:
 
 
 def compile_kernels(
-    kernels: Sequence[FusedKernel], mode: str, cache_dir: Path
+    kernels: Sequence[FusedKernel], mode: str, cache_dir: Path, records: Records
 ) -> dict[str, Launcher]:
     """Launchers for all `kernels`, each compiled for its own device."""
     launchers: dict[str, Launcher] = {}
@@ -76,75 +71,45 @@ def compile_kernels(
     for kernel in kernels:
         by_device.setdefault(str(kernel.device), []).append(kernel)
     for device, group in by_device.items():
-        launchers.update(compiler_for(torch.device(device), mode)(group, cache_dir=cache_dir))
+        record = records.get(torch.device(device)) or device_record(torch.device(device))
+        launchers.update(compiler_for(record, mode)(group, cache_dir=cache_dir))
     return launchers
 
 
-def unsupported_ops(devices: set[torch.device], mode: str) -> frozenset[str]:
-    """IR op names the codegens of `devices` cannot render (lowering keeps ATen ops
-    that need them as ATen calls)."""
+def unsupported_ops(records: Records, mode: str) -> frozenset[str]:
+    """IR op names the codegens of the graph's devices cannot render (lowering keeps
+    ATen ops that need them as ATen calls)."""
     if mode != "auto":
         return frozenset()
-    names: set[str] = set()
-    for device in devices:
-        if device.type == "cpu":
-            from ember.codegen.cpp import UNSUPPORTED_OPS
-
-            names |= set(UNSUPPORTED_OPS)
-        elif device.type == "cuda":
-            from ember.codegen.triton import UNSUPPORTED
-
-            names |= set(UNSUPPORTED)
-    return frozenset(names)
+    return frozenset().union(*(r.unsupported_ops for r in records.values()))
 
 
-def sort_limits(devices: set[torch.device], mode: str) -> tuple[tuple[str, int], ...]:
-    """The longest row each device's codegen sorts (lowering keeps longer sorts and
-    topks ATen calls); C++ sorts rows of any length.
-
-    On CUDA none, for now: ember's Triton sort kernels order every NaN as the largest
-    value, as eager's CPU sort does, but eager's CUDA sort put NaNs with the sign bit
-    set elsewhere (H100, torch 2.11, 2026-11-24: a row of -NaN among ties sorted
-    differently in 300 of 1800 elements, while the kernel matched the CPU order bit
-    for bit). Until the kernels follow the CUDA order, CUDA sorts stay ATen calls
-    (the codegen's own limit is `MAX_SORT_LENGTH`)."""
-    if mode != "auto" or not any(d.type == "cuda" for d in devices):
+def sort_limits(records: Records, mode: str) -> tuple[tuple[str, int], ...]:
+    """The longest row each device type's codegen sorts, where there is a limit
+    (lowering keeps longer sorts and topks ATen calls): `DeviceRecord.sort_limit`."""
+    if mode != "auto":
         return ()
-    return (("cuda", 0),)
+    limits = {r.type: r.sort_limit for r in records.values() if r.sort_limit is not None}
+    return tuple(sorted(limits.items()))
 
 
-def scheduling_choices(devices: set[torch.device]) -> DeviceChoices:
-    """The scheduler's device-specific choices: the codegen's own for a single-device
-    graph, the defaults otherwise."""
-    types = {d.type for d in devices}
-    if types == {"cpu"}:
-        from ember.codegen.cpp import CPP_CHOICES
-
-        return CPP_CHOICES
-    if types == {"cuda"}:
-        from ember.codegen.triton import triton_choices
-
-        return triton_choices(multiprocessors(min(devices, key=str)))
+def scheduling_choices(records: Records) -> DeviceChoices:
+    """The scheduler's device-specific choices: the codegen's own for a graph on one
+    device type (the first device's, with several GPUs), the defaults otherwise."""
+    if len({r.type for r in records.values()}) == 1:
+        return min(records.values(), key=lambda r: str(r.device)).choices
     return DEFAULT_CHOICES
 
 
-@functools.cache
-def multiprocessors(device: torch.device) -> int:
-    """The GPU's multiprocessor count, read off the device once (split reductions aim
-    at a number of programs per multiprocessor)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
-
-
-def wants_loops(devices: set[torch.device], mode: str) -> bool:
+def wants_loops(records: Records, mode: str) -> bool:
     """Whether to lower to loop nodes: only when every device can run generated kernels."""
-    if mode == "extern" or not devices:
+    if mode == "extern" or not records:
         return False
     if mode == "reference":
         return True
-    for device in devices:
+    for record in records.values():
         try:
-            compiler_for(device, mode)
+            compiler_for(record, mode)
         except KernelsUnavailable:
             return False
     return True

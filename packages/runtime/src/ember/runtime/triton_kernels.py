@@ -63,6 +63,7 @@ from ember.codegen.triton import LaunchConfig, TritonKernel, render_kernel
 from ember.codegen.triton.plan import GridSpec
 from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime import compile_pool, cuda_driver
+from ember.runtime.bounded import LRUCache
 from ember.runtime.loader import load_module, write_source
 from ember.scheduler import FusedKernel
 
@@ -70,7 +71,11 @@ log = logging.getLogger("ember.runtime")
 
 # source hash -> loaded module, while a launcher uses it
 _modules: weakref.WeakValueDictionary[str, ModuleType] = weakref.WeakValueDictionary()
-_chosen: dict[tuple[Any, ...], LaunchConfig] = {}  # (source hash, sizes, dtypes) -> config
+# (source hash, sizes, dtypes) -> the config tuning chose: one entry per kernel and
+# set of sizes, so a dynamic-shape graph adds one per new size. The most recent 4096
+# are kept; a forgotten one is tuned again (a few timed launches) if its sizes return.
+CHOSEN_LIMIT = 4096
+_chosen: LRUCache[tuple[Any, ...], LaunchConfig] = LRUCache(CHOSEN_LIMIT)
 # Seconds spent in first launches (choosing a config, loading binaries, binding), for
 # compile-time profiles: tuning happens at the first call, so this part of a cold
 # start is not in any CompileRecord.
@@ -333,6 +338,8 @@ class TritonLauncher:
         # the graph's compiles, still running when compile_triton_kernels returned
         self.pending: Precompiler | None = None
         self._binaries_lock = threading.Lock()
+        # where a launcher without its module (restored) writes its source to load it
+        self._sources = _restored_sources() if module is None else None
 
     # -- compiling -----------------------------------------------------------------
 
@@ -340,7 +347,8 @@ class TritonLauncher:
         """The module of the kernel's jit function (loaded now for a restored
         launcher: only compiling and Triton's interpreter need it)."""
         if self._module is None:
-            self._module = load_kernel_module(self.kernel.source, _restored_sources())
+            assert self._sources is not None  # made with its module otherwise
+            self._module = load_kernel_module(self.kernel.source, self._sources())
         return self._module
 
     @property
@@ -698,17 +706,15 @@ class TritonLauncher:
         return best
 
 
+@functools.lru_cache(maxsize=4096)  # one per distinct grid text; a dropped one is evaluated again
 def _grid_function(text: str) -> Callable[[dict[str, int], dict[str, int]], int]:
     """The grid's block count as a function of (sizes by name, blocks by name), from
     its Python text (`GridSpec.python`: ember's own, from the kernel it rendered or the
     artifact's checked spec)."""
-    function = _GRIDS.get(text)
-    if function is None:
-        function = _GRIDS[text] = eval(f"lambda sizes, blocks: {text}")
+    function: Callable[[dict[str, int], dict[str, int]], int] = eval(
+        f"lambda sizes, blocks: {text}"
+    )
     return function
-
-
-_GRIDS: dict[str, Callable[[dict[str, int], dict[str, int]], int]] = {}
 
 
 def _config_json(config: LaunchConfig) -> dict[str, Any]:
@@ -724,12 +730,15 @@ def _config_from(data: dict[str, Any]) -> LaunchConfig:
     return LaunchConfig(blocks, int(data["num_warps"]), int(data["num_stages"]))
 
 
-def _restored_sources() -> Path:
-    """Where restored launchers write their kernels' sources when they must load
-    them (Triton reads a jit function's source from its file): the current cache."""
-    from ember.runtime.config import config
+def _restored_sources() -> Callable[[], Path]:
+    """Where a launcher restored now writes its kernel's source if it must load it
+    (Triton reads a jit function's source from its file), maybe calls later: the
+    cache of the settings in force now (the restoring compile's), not of the
+    settings in force at that call."""
+    from ember.runtime.config import cache_directory, config
 
-    return Path(config.cache_dir) / "kernels"
+    cache, directory = config.cache, config.get("cache_dir")
+    return lambda: cache_directory(cache, directory) / "kernels"
 
 
 class _Bound:

@@ -5,7 +5,7 @@ steps, and plans memory. Sits on ember.ir; the codegens render its kernels and t
 runtime executes it.
 """
 
-from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
+from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices, DeviceProperties
 from ember.scheduler.interpret import run_kernel, run_schedule
 from ember.scheduler.kernel import (
     POINTWISE,
@@ -40,6 +40,7 @@ __all__ = [
     "SORT",
     "Allocation",
     "DeviceChoices",
+    "DeviceProperties",
     "ExternCall",
     "FusedKernel",
     "FusionNote",

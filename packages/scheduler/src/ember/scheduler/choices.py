@@ -4,11 +4,34 @@ The scheduler is device-neutral; how much to fuse and when to split a reduction
 depend on the device. Each codegen provides a `DeviceChoices` (ember.codegen.triton's
 `TRITON_CHOICES`, ember.codegen.cpp's `CPP_CHOICES`); the runtime passes the right one
 to `schedule_program`. The defaults here never split a reduction.
+
+A codegen derives its choices from the `DeviceProperties` of the device a graph runs
+on (a GPU's multiprocessor count sets how many programs a split reduction aims at);
+the runtime reads them off the device (ember.runtime.devices).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What ember reads off one device, or assumes where there is none to ask.
+
+    `multiprocessors`: a GPU's streaming multiprocessors (a CPU's usable cores).
+    `shared_memory_per_block`: bytes of shared memory a GPU block may use without
+    opting in to more (0 on a CPU). `warp_size`: threads that run in lockstep (1 on a
+    CPU). `capability`: a CUDA device's (major, minor) compute capability, None
+    elsewhere. `measured`: read off a device of this process (False: a codegen's
+    documented defaults, for rendering where no such device is present).
+    """
+
+    multiprocessors: int
+    shared_memory_per_block: int = 0
+    warp_size: int = 1
+    capability: tuple[int, int] | None = None
+    measured: bool = False
 
 
 @dataclass(frozen=True)

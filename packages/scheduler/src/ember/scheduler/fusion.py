@@ -27,10 +27,10 @@ beside its indices), so that codegens sort the row once for both.
 Scatters and mutations of inputs stay alone; extern calls are never fused and nothing
 is fused across them when they read what a node of the group computes.
 
-Score: the bytes that fusing keeps out of memory, counted with all size symbols at 64
-(only the order of candidates matters). Vertical fusion saves the producer's reads;
-horizontal fusion (siblings sharing an input, same iteration space) saves one read of
-the shared input.
+Score: the bytes that fusing keeps out of memory, counted with all size symbols at
+`ember.ir.SIZE_HINT` (only the order of candidates matters). Vertical fusion saves the
+producer's reads; horizontal fusion (siblings sharing an input, same iteration space)
+saves one read of the shared input.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from ember.ir import (
 from ember.ir.expr import map_dag, map_indices, replace_index
 from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, Sort, loop_bodies
 from ember.ir.nodes import ComputeNode
-from ember.ir.symbolic import index_var, product
+from ember.ir.symbolic import index_var, product, size_hint
 from ember.scheduler.choices import DeviceChoices
-from ember.scheduler.indexing import affine_coefficient, body_exprs, hint, store_index
+from ember.scheduler.indexing import affine_coefficient, body_exprs, store_index
 from ember.scheduler.iteration import merge_loop
 from ember.scheduler.kernel import POINTWISE, REDUCTION, SCAN, SCATTER, SORT
 
@@ -335,13 +335,13 @@ class Fuser:
         for value in (*self.program.inputs, *self.program.constants):
             layout = getattr(value, "layout", None)
             if layout is not None:
-                self.sizes[value.name] = hint(layout.numel()) * layout.dtype.itemsize
+                self.sizes[value.name] = size_hint(layout.numel()) * layout.dtype.itemsize
         self.defined_at = symbol_definitions(self.program)
         for position, node in enumerate(self.program.nodes):
             self.position_of[node.name] = position
             layout = getattr(node, "layout", None)
             if layout is not None:
-                self.sizes[node.name] = hint(layout.numel()) * layout.dtype.itemsize
+                self.sizes[node.name] = size_hint(layout.numel()) * layout.dtype.itemsize
             if isinstance(node, ComputedBuffer):
                 merged, index = merge_loop(node, store_index(node))
                 self.store_indices[node.name] = index

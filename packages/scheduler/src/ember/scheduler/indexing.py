@@ -79,10 +79,3 @@ def affine_coefficient(expr: sympy.Expr, var: sympy.Symbol) -> sympy.Expr | None
     ):
         return None
     return coefficient
-
-
-def hint(expr: sympy.Expr) -> int:
-    """A number for comparing sizes: every size symbol counted as 64."""
-    if expr.is_number:
-        return int(expr)
-    return int(expr.xreplace({s: sympy.Integer(64) for s in expr.free_symbols}))

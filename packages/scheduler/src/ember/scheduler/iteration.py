@@ -24,8 +24,8 @@ import sympy
 from ember.ir import ComputedBuffer
 from ember.ir.expr import replace_index
 from ember.ir.loops import Pointwise, Reduction, Scan, Scatter, Sort
-from ember.ir.symbolic import index_var
-from ember.scheduler.indexing import affine_coefficient, body_exprs, hint
+from ember.ir.symbolic import index_var, size_hint
+from ember.scheduler.indexing import affine_coefficient, body_exprs
 from ember.scheduler.kernel import FusedKernel, KernelMember
 
 
@@ -136,7 +136,7 @@ def _storage_order(index: sympy.Expr, ranges: tuple[sympy.Expr, ...]) -> list[in
         coefficient = affine_coefficient(index, index_var("i", d))
         if coefficient is None:
             return None
-        strides.append(hint(coefficient))
+        strides.append(size_hint(coefficient))
     # size-1 dimensions keep their places (their stride is 0 and means nothing)
     movable = [d for d in range(len(ranges)) if ranges[d] != 1]
     order = list(range(len(ranges)))

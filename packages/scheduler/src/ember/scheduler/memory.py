@@ -15,15 +15,14 @@ from collections.abc import Sequence
 
 import sympy
 
-from ember.ir import InputBuffer, Layout, Load, Program, iter_refs, walk
+from ember.ir import InputBuffer, Layout, Load, Program, iter_refs, size_hint, walk
 from ember.scheduler.collectives import collective_arguments
-from ember.scheduler.indexing import hint
 from ember.scheduler.kernel import POINTWISE, FusedKernel
 from ember.scheduler.schedule import Allocation, ExternCall, KernelStep, MemoryPlan, Step
 
 
 def _bytes(layout: Layout) -> int:
-    return hint(layout.storage_extent()) * layout.dtype.itemsize
+    return size_hint(layout.storage_extent()) * layout.dtype.itemsize
 
 
 def _same_storage_shape(a: Layout, b: Layout) -> bool:

@@ -121,7 +121,7 @@ class MemoryPlan:
     over instead of freed). `frees_at_entry`: graph inputs nothing reads. Graph inputs
     are included: the wrapper owns them (AOTAutograd's boxed calling convention).
     `peak_bytes`: planned peak of memory the schedule allocates (kernel and extern
-    outputs; inputs excluded), with size symbols counted as 64.
+    outputs; inputs excluded), with size symbols counted as `ember.ir.SIZE_HINT`.
     """
 
     allocations: list[list[Allocation]] = field(default_factory=list)

@@ -6,8 +6,7 @@ scheduler's fusion is judged (fused bytes against the unfused program's bytes).
 
 from __future__ import annotations
 
-from ember.ir import ComputedBuffer, Layout, Program
-from ember.scheduler.indexing import hint
+from ember.ir import ComputedBuffer, Layout, Program, size_hint
 from ember.scheduler.kernel import FusedKernel
 
 
@@ -27,11 +26,11 @@ def _layouts(program: Program) -> dict[str, Layout]:
 
 
 def _size(layout: Layout) -> int:
-    return hint(layout.numel()) * layout.dtype.itemsize
+    return size_hint(layout.numel()) * layout.dtype.itemsize
 
 
 def kernel_bytes(kernel: FusedKernel, program: Program) -> int:
-    """Bytes `kernel` reads and writes (size symbols counted as 64)."""
+    """Bytes `kernel` reads and writes (size symbols counted as `ember.ir.SIZE_HINT`)."""
     layouts = _layouts(program)
     read = sum(_size(layouts[name]) for name in kernel.inputs if name in layouts)
     written = sum(_size(m.layout) for m in kernel.members if m.stored)
@@ -68,7 +67,7 @@ def computed_bytes(kernel: FusedKernel, program: Program) -> int:
 
 def is_static(kernel: FusedKernel, program: Program) -> bool:
     """Whether every buffer `kernel` reads or writes has static sizes (otherwise its
-    byte counts take each size symbol as 64 and are not the run's)."""
+    byte counts take each size symbol as `ember.ir.SIZE_HINT` and are not the run's)."""
     layouts = _layouts(program)
     names = [*kernel.inputs, *(m.name for m in kernel.members)]
     return not any(layouts[n].numel().free_symbols for n in names if n in layouts)

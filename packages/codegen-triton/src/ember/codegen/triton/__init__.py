@@ -20,11 +20,11 @@ from ember.codegen.triton.plan import (
     plan_kernel,
 )
 from ember.codegen.triton.printer import UnsupportedKernelError
-from ember.scheduler import DeviceChoices
+from ember.scheduler import DeviceChoices, DeviceProperties
 
 __all__ = [
     "COLUMN_XBLOCK",
-    "GPU_SMS",
+    "GPU_DEFAULTS",
     "MAX_SORT_LENGTH",
     "TRITON_CHOICES",
     "TRITON_OPS",
@@ -40,22 +40,27 @@ __all__ = [
 ]
 
 
+# The GPU assumed where none is at hand to ask (rendering on a machine without one,
+# tests, benchmarks that plan kernels): an H100, the GPU ember is measured on
+# (132 SMs; 48 KiB of shared memory per block without opting in; sm_90). On a GPU
+# the runtime reads the real values (ember.runtime.devices).
+GPU_DEFAULTS = DeviceProperties(
+    multiprocessors=132, shared_memory_per_block=48 * 1024, warp_size=32, capability=(9, 0)
+)
+
+
 # Scheduling choices for GPU kernels: persistent reductions keep a row in registers,
 # so recomputing an inlined producer per stage is cheap next to another memory pass.
-# Reductions are split (ember.scheduler.split) until an H100/H200-class GPU (132 SMs)
-# gets about 16 programs per SM, a few thousand in all, counting one program per
-# COLUMN_XBLOCK outputs for a column reduction (plan.py's first column tile) and per
-# output for a row one; each chunk reduces at least 256 elements. A column sum of
-# [32768, 4096] becomes 32 chunks of 1024 rows: 2048 programs instead of 64.
-GPU_SMS = 132  # the default where no device is at hand to ask
-
-
-def triton_choices(sms: int = GPU_SMS) -> DeviceChoices:
-    """The scheduling choices for a GPU of `sms` multiprocessors (the runtime reads the
-    count off the device)."""
+# Reductions are split (ember.scheduler.split) until the GPU gets about 16 programs
+# per multiprocessor (2112 on an H100's 132), counting one program per COLUMN_XBLOCK
+# outputs for a column reduction (plan.py's first column tile) and per output for a
+# row one; each chunk reduces at least 256 elements. A column sum of [32768, 4096]
+# becomes 32 chunks of 1024 rows: 2048 programs instead of 64.
+def triton_choices(properties: DeviceProperties = GPU_DEFAULTS) -> DeviceChoices:
+    """The scheduling choices for the GPU of `properties`."""
     return DeviceChoices(
         max_inline_ops=24,
-        split_workers=max(1, sms) * 16,
+        split_workers=max(1, properties.multiprocessors) * 16,
         split_column_width=COLUMN_XBLOCK,
         split_min_chunk=256,
         split_max_chunks=1024,

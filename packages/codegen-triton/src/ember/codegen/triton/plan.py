@@ -39,14 +39,13 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ember.codegen.triton.printer import IndexPrinter, coefficient, upper_bound
 from ember.ir.expr import IndexExpr, Load, Rand, walk
-from ember.ir.symbolic import index_var
+from ember.ir.symbolic import SIZE_HINT, index_var, size_hint
 from ember.scheduler import FusedKernel
 
 POINTWISE = "pointwise"
@@ -126,11 +125,7 @@ class GridSpec:
     def function(self) -> Callable[[Mapping[str, int], Mapping[str, int]], int]:
         """The grid as a plain Python function of (sizes by name, blocks by name),
         compiled once: it runs on every launch."""
-        cached = _GRID_FUNCTIONS.get(self.axes)
-        if cached is None:
-            cached = eval(f"lambda sizes, blocks: {self.python()}")  # our own text
-            _GRID_FUNCTIONS[self.axes] = cached
-        return cached
+        return _grid_function(self.axes)
 
     def python(self) -> str:
         """The block count as a Python expression over `sizes[...]` and `blocks[...]`."""
@@ -145,7 +140,16 @@ class GridSpec:
         return " * ".join(f"cdiv({numel}, {block})" for numel, block in self.axes) or "1"
 
 
-_GRID_FUNCTIONS: dict[Any, Callable[[Mapping[str, int], Mapping[str, int]], int]] = {}
+# One per distinct grid (each new static shape makes one): the most recent 4096 are
+# kept, a dropped one is compiled again from its text.
+@functools.lru_cache(maxsize=4096)
+def _grid_function(
+    axes: tuple[tuple[sympy.Expr, str], ...],
+) -> Callable[[Mapping[str, int], Mapping[str, int]], int]:
+    function: Callable[[Mapping[str, int], Mapping[str, int]], int] = eval(
+        f"lambda sizes, blocks: {GridSpec(axes).python()}"  # our own text
+    )
+    return function
 
 
 @dataclass(frozen=True)
@@ -168,13 +172,6 @@ class KernelPlan:
 
 def _static(expr: sympy.Expr) -> int | None:
     return int(expr) if isinstance(expr, sympy.Integer) else None
-
-
-def hint(expr: sympy.Expr) -> int:
-    """A size guess for choosing configs: size symbols count as 4096."""
-    if expr.is_number:
-        return int(expr)
-    return int(expr.xreplace({s: sympy.Integer(4096) for s in expr.free_symbols}))
 
 
 def _accesses(kernel: FusedKernel) -> tuple[list[sympy.Expr], list[sympy.Expr]]:
@@ -281,7 +278,7 @@ def _steps(
 ) -> list[int | None]:
     """How much an index (with floor divisions and remainders) moves when `var` grows
     by 1, at fixed pseudo-random points with every variable within its extent (size
-    symbols at 4096); None where the index cannot be evaluated here. A reshape of a
+    symbols at `SIZE_HINT`); None where the index cannot be evaluated here. A reshape of a
     permuted tensor moves by 1 at most points: contiguous in runs. Only config choices
     rest on this (a wrong answer costs speed, never correctness), so a sample is
     enough. The index is evaluated as a Python function of its variables: sympy
@@ -292,15 +289,15 @@ def _steps(
     if compiled is None:
         return [None] * _STEP_SAMPLES
     function, symbols = compiled
-    # a loop variable's extent to draw from; None: a size symbol, fixed at 4096 (drawn,
+    # a loop variable's extent to draw from; None: a size symbol, fixed at SIZE_HINT (drawn,
     # it could be 0, and a divisor)
-    limits = [hint(extents[s]) if s in extents else None for s in symbols]
+    limits = [size_hint(extents[s]) if s in extents else None for s in symbols]
     at = symbols.index(var)
-    limits[at] = max(hint(extents[var]) - 1, 1)  # var + 1 stays in range
+    limits[at] = max(size_hint(extents[var]) - 1, 1)  # var + 1 stays in range
     pick = random.Random(0)
     found: list[int | None] = []
     for _ in range(_STEP_SAMPLES):
-        point = [4096 if n is None else pick.randrange(max(n, 1)) for n in limits]
+        point = [SIZE_HINT if n is None else pick.randrange(max(n, 1)) for n in limits]
         here = function(*point)
         point[at] += 1
         found.append(function(*point) - here)
@@ -419,7 +416,7 @@ def traffic_bytes(kernel: FusedKernel) -> int:
     """Bytes `kernel` reads and writes, estimated from its accesses: each distinct
     (buffer, index) load or store touches one element per point of the kernel
     variables its index uses (a bias read by channel counts the channels, not the
-    whole loop nest). Size symbols count as `hint` guesses them, kernel-local values
+    whole loop nest). Size symbols count as `SIZE_HINT`, kernel-local values
     not at all; an index that repeats elements (i // 2) is counted in full."""
     extents = {index_var("i", d): r for d, r in enumerate(kernel.ranges)}
     extents.update({index_var("r", d): r for d, r in enumerate(kernel.reduction_ranges)})
@@ -437,7 +434,7 @@ def traffic_bytes(kernel: FusedKernel) -> int:
     total = 0
     for _, index, itemsize in accesses:
         used = [extents[v] for v in sympy.sympify(index).free_symbols if v in extents]
-        total += itemsize * math.prod(hint(e) for e in used)
+        total += itemsize * math.prod(size_hint(e) for e in used)
     return total
 
 
@@ -468,7 +465,7 @@ def config_menu(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ..
     `candidate_configs` shortens it; tests run a kernel under each entry."""
     x = plan.axis("x")
     assert x is not None
-    xnumel = hint(x.numel)
+    xnumel = size_hint(x.numel)
     xcap = max(1 << max(xnumel - 1, 0).bit_length(), 1)
     found: list[LaunchConfig] = []
 
@@ -489,7 +486,7 @@ def config_menu(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ..
     elif plan.kind == POINTWISE_2D:
         y = plan.axis("y")
         assert y is not None
-        ycap = max(1 << max(hint(y.numel) - 1, 0).bit_length(), 1)
+        ycap = max(1 << max(size_hint(y.numel) - 1, 0).bit_length(), 1)
         for yb, xb, warps in ((64, 64, 4), (32, 128, 4), (128, 32, 4), (64, 128, 8)):
             add(warps, YBLOCK=min(yb, ycap), XBLOCK=min(xb, xcap))
     elif plan.kind == PERSISTENT and _outer_contiguous(kernel):
