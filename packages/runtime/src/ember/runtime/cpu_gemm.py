@@ -24,13 +24,13 @@ the weight N x K), "nn" an input gradient (`mm(g, W)`: the weight read as K x N
 row-major), "tn" a weight gradient (`mm(g^T, x)`: the input read transposed too).
 
 - oneDNN needs at least `THRESHOLD_MACS` (2^22) multiply-adds, per 2 threads above 2
-  threads: its call costs a fixed 13-18 us here (ATen's addmm 2 us), which smaller
+  threads: its call costs a fixed 13-20 us here (ATen's addmm 2 us), which smaller
   matmuls do not win back (ATen / oneDNN 0.10-1.04 below 2^20);
 - "nt": from the threshold on (geometric mean 1.75-2.14x per run and thread count;
   of its 954 measurements 9 were below 1.0, down to 0.81: 7 of them M = 1 with a
   fused GELU or SiLU on one thread, 2 of them 32x4096x64 at 0.92-0.98);
 - "nn": also M >= 2 (M = 1 measured 0.6x in one run, 2.2x in another) and a weight of
-  at least 2^13 elements (2048x64x64 measured 0.84-0.89x on 2 threads);
+  at least 2^13 elements (2048x64x64 measured 0.84-1.16x on 2 threads);
 - "tn": also M >= 2 and N >= 128 (N = 64 lost up to 3x on 2 threads: 2048x4096x64);
 - any other layout (both operands transposed the other way, or neither dimension of
   unit stride): ATen, never measured.
