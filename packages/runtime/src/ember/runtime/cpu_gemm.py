@@ -45,6 +45,15 @@ keep ATen until measured; `EMBER_CPU_GEMM=onednn` forces oneDNN there. Above 2
 threads the threshold grows with the thread count, an extrapolation (only 1 and 2
 threads were measured).
 
+Weights are not prepacked. oneDNN's linear reorders a plain weight into its blocked
+layout at every call; a weight reordered once (`mkldnn._reorder_linear_weight`) made
+the call 10-35% faster for M <= 64 here and changed nothing for large M. But ember's
+graphs take parameters as inputs, which the user may change between calls, and the
+only cheap guard, the tensor's version counter with its address, misses writes
+through `.data` (`p.data.add_(1)` leaves `p._version` as it was): a packed copy could
+then be stale, and the numbers wrong. Comparing the weight at each call costs more
+than the reorder saves.
+
 `rule_key()` names everything the choices depend on besides the graph; the compile
 cache keys compiled graphs with it, and each artifact lists its choices.
 """
