@@ -8,7 +8,9 @@ kernels' compiler and flags (ember.runtime.cpp_kernels). `--against REV` also bu
 the prelude of git revision REV and `--libm` the prelude with `EMBER_LIBM_MATH` (libm
 calls); the builds alternate round by round and each keeps its fastest round, so that
 a neighbour's load on the shared machine hits them alike. GELU, GELU (tanh) and SiLU
-are the expressions ember's kernels compute for them.
+are the expressions ember's kernels compute for them: `ember::gelu` for GELU (the
+erf formula in a prelude of a revision before it), "GELU (erf)" the formula
+`x/2 (1 + erf(x / sqrt 2))` as kernels computed it before.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ FUNCTIONS = {
     "erf": "ember::erf(v)",
     "tanh": "ember::tanh(v)",
     "sigmoid": "ember::sigmoid(v)",
-    "gelu": "v * 0.5f * (1.0f + ember::erf(v * 0.7071067811865476f))",
+    "gelu": "ember::gelu(v)",
+    "gelu (erf)": "v * 0.5f * (1.0f + ember::erf(v * 0.7071067811865476f))",
     "gelu tanh": "v * 0.5f * (1.0f + ember::tanh(0.7978845608f * (v + 0.044715f * v * v * v)))",
     "silu": "v * ember::sigmoid(v)",
 }
@@ -56,9 +59,14 @@ extern "C" double ember_ns_per_element(int function, int64_t repeats) {
 
 
 def source(prelude: str, *, libm: bool = False) -> str:
+    expressions = list(FUNCTIONS.values())
+    if "inline float gelu(" not in prelude:  # an older revision's
+        expressions = [
+            FUNCTIONS["gelu (erf)"] if e == FUNCTIONS["gelu"] else e for e in expressions
+        ]
     cases = [
         f"    case {number}: return ember_time([](float v) {{ return {expression}; }}, repeats);"
-        for number, expression in enumerate(FUNCTIONS.values())
+        for number, expression in enumerate(expressions)
     ]
     define = "#define EMBER_LIBM_MATH\n" if libm else ""
     return define + prelude + HARNESS + "\n".join(cases) + "\n  }\n  return -1.0;\n}\n"

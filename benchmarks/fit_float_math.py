@@ -24,6 +24,9 @@ What the prelude evaluates (r, s, u as there):
         of the interval as origin (an origin at either end costs over 20 ulps: the
         coefficients grow and cancel); absolute error, which is what 1 - Q is off by.
 - tanh, |x| < 0.625: tanh(x) = x + x^3 P(x^2), P of degree 4; relative error.
+- GELU, |x| < 1.375: GELU(x) = x/2 + x^2 W(x^2) with W(x^2) = (Phi(x) - 1/2) / x, W of
+        degree 5; the error relative to GELU(-|x|) = -|x| Phi(-|x|), the side where
+        x/2 and x^2 W nearly cancel. (GELU's large branch is erf's Q halved: exact.)
 The final error bounds in ulps are measured over every float32 by
 `python -m ember.runtime.ulps --stride 1` (see its docstring).
 """
@@ -105,11 +108,16 @@ def fits(points: int) -> list[Fit]:
 
     t = np.linspace(1e-3, 0.625, points)
     tanh_t = values(mpmath.tanh, t)
+
+    g = np.linspace(1e-4, 1.375, points)
+    gelu_w = values(lambda v: (mpmath.ncdf(v) - mpmath.mpf(0.5)) / v, g)
+    phi_minus = values(lambda v: mpmath.ncdf(-v), g)
     return [
         Fit("exp P(r)", r, r, (exp_r - 1 - r) / (r * r), r * r / exp_r, 4),
         Fit("erf small P(x^2)", x, x * x, erf_x / x - 1, x / erf_x, 5),
         Fit("erf large Q(|x| - 2.484375)", a, a - 2.484375, erfc_a, np.ones_like(a), 15),
         Fit("tanh small P(x^2)", t, t * t, (tanh_t - t) / t**3, t**3 / tanh_t, 4),
+        Fit("gelu small W(x^2)", g, g * g, gelu_w, g / phi_minus, 5),
     ]
 
 

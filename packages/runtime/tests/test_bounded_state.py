@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ember.runtime import compiler, cpu_gemm, triton_kernels
+from ember.runtime import compiler, triton_kernels
 from ember.runtime.bounded import LRUCache, RecentRecords
 from ember.runtime.config import config
 
@@ -31,7 +31,6 @@ def test_an_lru_cache_drops_the_least_recently_used_entry() -> None:
 def test_the_memos_that_grow_with_user_graphs_are_bounded() -> None:
     assert isinstance(triton_kernels._chosen, LRUCache)
     assert triton_kernels._chosen.limit == triton_kernels.CHOSEN_LIMIT
-    assert isinstance(cpu_gemm._verdicts, LRUCache)
     assert triton_kernels._grid_function.cache_info().maxsize is not None
 
 

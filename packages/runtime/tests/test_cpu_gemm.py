@@ -4,12 +4,14 @@ inference still match eager under the accuracy rule."""
 from __future__ import annotations
 
 import copy
+import json
+import random
 
 import pytest
 import torch
 
 from ember.graphpasses import LinearCase, linear_op
-from ember.runtime import config, cpu_gemm
+from ember.runtime import compile_cache, config, cpu_gemm
 from ember.runtime.accuracy import compare_outputs
 from ember.runtime.compiler import compile_records
 from ember.runtime.models import MLP, TransformerBlock
@@ -59,32 +61,108 @@ def test_training_step_matches_eager() -> None:
     assert "mkldnn._linear_pointwise" in _wrapper_text(first)
 
 
-def test_measured_choice_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    case = LinearCase(32, 48, 40, (48, 1), (1, 48), True, "gelu_tanh")
-    monkeypatch.setattr(cpu_gemm, "_verdicts", {})
-    assert isinstance(cpu_gemm.measured_prefer(case), bool)
-    calls: list[LinearCase] = []
-    monkeypatch.setattr(cpu_gemm, "_measure", lambda c: calls.append(c) or True)
-    cpu_gemm.measured_prefer(case)  # the kept verdict: no second measurement
-    assert calls == []
-    other = LinearCase(32, 48, 40, (1, 32), (48, 1), False)
-    assert cpu_gemm.measured_prefer(other) and calls == [other]
+def _case(m: int, k: int, n: int, kind: str, bias: bool = False, post: str = "none") -> LinearCase:
+    """A case with the operand layout `kind` ("nt", "nn", "tn", "tt") as the pass sees it."""
+    x = (k, 1) if kind[0] == "n" else (1, m)
+    w = (k, 1) if kind[1] == "t" else (1, n)  # the weight as oneDNN takes it, N x K
+    return LinearCase(m, k, n, x, w, bias, post)
 
 
-def test_unmeasurable_cases_stay_aten(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_gemm, "_verdicts", {})
-    huge = LinearCase(1 << 12, 1 << 10, 1 << 10, (1 << 10, 1), (1 << 10, 1), True)
-    assert not cpu_gemm.measured_prefer(huge)  # too large to time: ATen, untimed
+# (case, the rule's verdict at 2 threads): the demo's shapes and the rule's edges
+RULE_TABLE = [
+    (_case(64, 256, 512, "nt", True, "swish"), True),  # the MLP's first layer
+    (_case(64, 512, 512, "nt", True, "swish"), True),
+    (_case(64, 512, 64, "nt", True), False),  # 2^21 multiply-adds: unsure, ATen
+    (_case(256, 64, 256, "nt", True, "gelu"), True),  # the transformer's MLP, 2^22
+    (_case(256, 64, 64, "nt", True), False),
+    (_case(1, 4096, 4096, "nt", True), True),  # a batch of one
+    (_case(1, 4096, 4096, "nn"), False),  # M = 1, weight read transposed: unsure
+    (_case(512, 1024, 1024, "nn"), True),  # an input gradient
+    (_case(2048, 64, 64, "nn"), False),  # a weight of 64 x 64
+    (_case(1024, 2048, 256, "tn"), True),  # a weight gradient
+    (_case(2048, 4096, 64, "tn"), False),  # N = 64 read transposed
+    (_case(512, 512, 512, "tt"), False),  # never measured
+    (LinearCase(512, 512, 512, (1024, 2), (512, 1), False), False),  # no unit stride
+]
 
-    def broken(case: LinearCase) -> bool:
-        raise RuntimeError("no primitive")
 
-    monkeypatch.setattr(cpu_gemm, "_measure", broken)
-    assert not cpu_gemm.measured_prefer(LinearCase(2, 3, 4, (3, 1), (3, 1), False))
+@pytest.mark.parametrize(("case", "expected"), RULE_TABLE)
+def test_rule_table(case: LinearCase, expected: bool) -> None:
+    assert cpu_gemm.rule(case, threads=2) is expected
+    assert cpu_gemm.rule(case, threads=1) is expected  # one threshold up to 2 threads
 
 
-def test_settings_pick_prefer() -> None:
-    assert cpu_gemm.prefer_for("aten") is None
+def test_layouts_from_strides() -> None:
+    assert [cpu_gemm.layout(_case(8, 16, 32, k)) for k in ("nt", "nn", "tn", "tt")] == [
+        "nt",
+        "nn",
+        "tn",
+        "tt",
+    ]
+    assert cpu_gemm.layout(LinearCase(8, 16, 32, (16, 1), (1, 0), False)) is None  # expanded
+
+
+def test_threshold_grows_with_threads_above_two() -> None:
+    case = _case(256, 128, 128, "nt")  # 2^22 multiply-adds
+    assert cpu_gemm.threshold(1) == cpu_gemm.threshold(2) == cpu_gemm.THRESHOLD_MACS
+    assert cpu_gemm.rule(case, threads=2) and not cpu_gemm.rule(case, threads=4)
+    assert cpu_gemm.rule(_case(512, 128, 128, "nt"), threads=4)
+
+
+def test_choices_ignore_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine under load makes any timing come out either way: the rule reads no
+    clock, so a clock returning noise changes no choice."""
+    import time
+
+    expected = [cpu_gemm.rule(case) for case, _ in RULE_TABLE]
+    for seed in range(3):
+        noise = random.Random(seed)
+        monkeypatch.setattr(time, "perf_counter", lambda n=noise: n.uniform(0, 1e3))
+        monkeypatch.setattr(time, "perf_counter_ns", lambda n=noise: n.randrange(10**12))
+        monkeypatch.setattr(cpu_gemm, "measured", lambda: True)
+        prefer = cpu_gemm.prefer_for("auto")
+        assert prefer is not None
+        assert [prefer(case) for case, _ in RULE_TABLE] == expected
+
+
+def test_unmeasured_cpus_keep_aten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_gemm, "cpu_family", lambda: ("GenuineIntel", "AVX2"))
+    assert cpu_gemm.prefer_for("auto") is None
+    assert "not measured" in cpu_gemm.rule_key("auto")
     always = cpu_gemm.prefer_for("onednn")
-    assert always is not None and always(LinearCase(1, 1, 1, (1, 1), (1, 1), False))
-    assert cpu_gemm.prefer_for("auto") is cpu_gemm.measured_prefer
+    assert always is not None and always(_case(1, 1, 1, "nt"))
+
+
+def test_settings_pick_prefer(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert cpu_gemm.prefer_for("aten") is None
+    monkeypatch.setattr(cpu_gemm, "cpu_family", lambda: ("AuthenticAMD", "AVX512"))
+    assert cpu_gemm.prefer_for("auto") is cpu_gemm.rule
+    assert cpu_gemm.rule_key("auto").startswith(f"auto: rule {cpu_gemm.RULE_VERSION}")
+
+
+def test_artifact_and_cache_key_hold_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_gemm, "cpu_family", lambda: ("AuthenticAMD", "AVX512"))
+    model = MLP(256, 512, 64).eval()  # the demo's MLP: two linears over the threshold
+    x = torch.randn(64, 256)
+    first = len(compile_records)
+    with config.scope(cpu_gemm="auto", compile_cache=False), torch.no_grad():
+        actual = torch.compile(model, backend="ember")(x)
+        expected = model(x)
+    assert compare_outputs(actual, expected) is None
+    artifact = compile_records[first].artifact
+    assert artifact is not None
+    listed = artifact.extra["cpu_gemm"]
+    assert listed["rule"] == cpu_gemm.rule_key("auto")
+    assert listed["choices"] == {
+        "64x256x512 nt+bias swish": "oneDNN",
+        "64x512x512 nt+bias swish": "oneDNN",
+        "64x512x64 nt+bias none": "ATen",
+    }
+    manifest = json.loads(artifact.files()["manifest.json"])
+    assert manifest["cpu_gemm"] == listed
+
+    gm = torch.fx.symbolic_trace(model)
+    key = compile_cache.graph_key(gm, [], {torch.device("cpu")})
+    assert compile_cache.graph_key(gm, [], {torch.device("cpu")}) == key
+    monkeypatch.setattr(cpu_gemm, "RULE_VERSION", cpu_gemm.RULE_VERSION + 1)
+    assert compile_cache.graph_key(gm, [], {torch.device("cpu")}) != key

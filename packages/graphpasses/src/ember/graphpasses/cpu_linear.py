@@ -6,9 +6,10 @@ pass: a following activation is a second pass over the output. oneDNN's linear
 adds the bias and applies an activation ("post-op") while it writes the output. On the
 2-core AMD Zen 5 development VM it was also 1.1-2.1x faster than MKL for the float32
 shapes of the demo's MLP and transformer block (benchmarks/cpu_gemm.py, results in
-benchmarks/results/cpu-threads-2core-*), and slower for a few small ones: so the pass
-asks a `prefer` function (given by the runtime, which measures each case on this
-machine) before rewriting a matmul.
+benchmarks/results/cpu-threads-2core-*), and slower for small ones: so the pass asks a
+`prefer` function before rewriting a matmul (the runtime gives a fixed rule by shape,
+operand layout and CPU family, ember.runtime.cpu_gemm, so that the same graph gets the
+same choices on the same kind of machine whatever its load).
 
 A candidate is `addmm(bias, x, w)` (`beta` = `alpha` = 1, `bias` of size N) or
 `mm(x, w)` on float32 CPU tensors with static 2-D sizes. It becomes

@@ -9,7 +9,9 @@ The key (`graph_key`) is a SHA-256 over everything the artifact depends on:
   storage offset, device, requires_grad; a SymInt's expression and hint); the values
   of constant tensors the graph holds;
 - which inputs are parameters and buffers (static inputs);
-- the settings that change what is compiled (`KEYED_SETTINGS`);
+- the settings that change what is compiled (`KEYED_SETTINGS`); for graphs with CPU
+  tensors what the choice of oneDNN linears depends on (`cpu_gemm.rule_key`: the
+  rule's version, the CPU's vendor and ISA, the thread count's threshold);
 - torch, Triton, ember and Python versions; each CUDA device's capability; for
   graphs with CPU tensors the C++ compiler's version and the target `-march=native`
   resolves to on this CPU (the same resolution as the C++ kernel cache: a library
@@ -87,8 +89,14 @@ def graph_key(
     for device in sorted(devices, key=str):
         if device.type == "cuda":  # capability, and the SM count that sizes split reductions
             add("cuda", device, cuda_properties(device))
-        elif device.type == "cpu" and config.kernels == "auto":
-            add("cpu", _cpu_target())
+        elif device.type == "cpu":
+            from ember.runtime.cpu_gemm import rule_key
+
+            # which matmuls become oneDNN linears: the rule's version, the CPU family,
+            # the thread count's threshold (ember.runtime.cpu_gemm)
+            add("cpu_gemm", rule_key(config.cpu_gemm))
+            if config.kernels == "auto":
+                add("cpu", _cpu_target())
     return digest.hexdigest()[:40]
 
 
@@ -166,7 +174,7 @@ def lookup(key: str, graph: str) -> tuple[Artifact, Callable[[list[Any]], Any]] 
         stats["misses"] += 1
         return None
     artifact.graph = graph
-    artifact.extra = {k: manifest[k] for k in ("record", "cudagraphs") if k in manifest}
+    artifact.extra = {k: manifest[k] for k in ("record", "cudagraphs", "cpu_gemm") if k in manifest}
     stats["hits"] += 1
     log.info("compiled %s from the cache in %.1f ms", graph, (time.perf_counter() - start) * 1e3)
     return artifact, call

@@ -37,7 +37,7 @@ from ember.runtime import compile_cache
 from ember.runtime.artifact import Artifact, runner
 from ember.runtime.bounded import RecentRecords
 from ember.runtime.config import EmberConfigError, config
-from ember.runtime.cpu_gemm import prefer_for
+from ember.runtime.cpu_gemm import prefer_for, recorded, rule_key
 from ember.runtime.debug import repro_source, run_directory
 from ember.runtime.devices import device_records
 from ember.runtime.explain import EXPLAIN_FILE, matmul_dtypes, schedule_summary
@@ -186,13 +186,16 @@ def compile_graph(
     # copy took 10-25 ms per graph of GPT-2 on the CPU, and a hit needs none)
     gm = _copy_graph_module(eager_gm)
     stage = "passes"
+    gemm_choices: dict[str, str] = {}  # CPU matmul -> "oneDNN" or "ATen", for the artifact
     try:
         with _timed(record, stage):
             cpu = any(d.type == "cpu" for d in _devices(gm))
             pipeline = default_pipeline(
                 dump_dir=debug / "passes" if debug else None,
                 layout_devices=config.layout_devices,
-                cpu_linear_prefer=prefer_for(config.cpu_gemm) if cpu else None,
+                cpu_linear_prefer=recorded(prefer_for(config.cpu_gemm), gemm_choices)
+                if cpu
+                else None,
             )
             gm, report = pipeline.run(gm)
             log.debug("%s", report.format())
@@ -245,6 +248,8 @@ def compile_graph(
         name: getattr(record, name)
         for name in ("kernels", "fused_kernels", "planned_peak_bytes", "steps", "fallback_ops")
     }
+    if gemm_choices:
+        artifact.extra["cpu_gemm"] = {"rule": rule_key(config.cpu_gemm), "choices": gemm_choices}
     # a graph whose generated kernels failed is not kept: the cause may be this
     # machine's (no compiler), and a later process would run ATen kernels for good
     if key is not None and record.kernel_fallback is None:

@@ -6,7 +6,9 @@ computed in an enclosing scope is reused by inner ones). Loads read `p_<buffer>[
 with the index printed by ember.codegen.cpp.indexing; half types convert through bits;
 masked loads read memory only where the mask holds; indirect loads rename `ind<k>` to
 the temporary of their k-th indirect value. Loads of a kernel-local reduction read the
-C++ value the loop emitter registered for it (`KernelContext.local_values`).
+C++ value the loop emitter registered for it (`KernelContext.local_values`). Float32
+GELU as ember.ir lowers it is written as one prelude call, `ember::gelu(x)`
+(`gelu_operand`), its formula's inner nodes not emitted.
 
 Errors found while a kernel runs (an index out of its dimension, an integer division
 by zero) cannot throw through C: each is one of the kernel's `KernelCheck`s, and the
@@ -23,6 +25,7 @@ one test after the loop records the error.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -166,7 +169,7 @@ class Emitter:
 
     def value(self, root: Node) -> str:
         """The temporary holding `root`'s value, emitting what is not yet computed."""
-        for node in walk(root):
+        for node in _walk_with_gelu(root):
             if self._known(node) is None:
                 self.scopes[-1][node] = self._emit(node)
         known = self._known(root)
@@ -190,6 +193,9 @@ class Emitter:
         if isinstance(node, Load):
             return self._load(node)
         if isinstance(node, Op):
+            gelu = gelu_operand(node)
+            if gelu is not None:
+                return self._define(node.dtype, f"ember::gelu({self._known(gelu)})")
             args = [self._known(a) or "" for a in node.args]
             if may_divide_by_zero(node):
                 check = ctx.check(
@@ -321,6 +327,62 @@ class Emitter:
             other = literal(node.other, node.dtype, ctx.kernel.name)
             element = f"{' && '.join(conditions)} ? {element} : {other}"
         return self._define(node.dtype, element)
+
+
+def gelu_operand(node: Node) -> Node | None:
+    """x where `node` is float32 GELU as ember.ir lowers `aten.gelu` (approximate
+    "none"): `(x * 0.5) * (1 + erf(x * sqrt(1/2)))`, else None. The emitter writes it
+    as one call, `ember::gelu(x)` (the prelude's: fewer operations than the formula,
+    and more precise for negative x); anything else in that shape, or another
+    dtype, stays op by op."""
+    if not (isinstance(node, Op) and node.name == "mul" and node.dtype == torch.float32):
+        return None
+    for half, one_plus in (node.args, node.args[::-1]):
+        x = _times_constant(half, 0.5)
+        if x is None or not (isinstance(one_plus, Op) and one_plus.name == "add"):
+            continue
+        for one, erf in (one_plus.args, one_plus.args[::-1]):
+            if not (_is_constant(one, 1.0) and isinstance(erf, Op) and erf.name == "erf"):
+                continue
+            if _times_constant(erf.args[0], math.sqrt(0.5)) is x:
+                return x
+    return None
+
+
+def _is_constant(node: Node, value: float) -> bool:
+    return isinstance(node, Const) and node.dtype == torch.float32 and node.value == value
+
+
+def _times_constant(node: Node, value: float) -> Node | None:
+    """y where `node` is `y * value` (either order) in float32, else None."""
+    if not (isinstance(node, Op) and node.name == "mul" and node.dtype == torch.float32):
+        return None
+    a, b = node.args
+    if _is_constant(b, value) and a.dtype == torch.float32:
+        return a
+    if _is_constant(a, value) and b.dtype == torch.float32:
+        return b
+    return None
+
+
+def _walk_with_gelu(root: Node) -> Iterator[Node]:
+    """`walk(root)`, children before parents, but a GELU (`gelu_operand`) has x as its
+    only child: the formula's inner nodes are not emitted for it."""
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded:
+            seen.add(id(node))
+            yield node
+            continue
+        stack.append((node, True))
+        x = gelu_operand(node)
+        for child in reversed((x,) if x is not None else node.children()):
+            if id(child) not in seen:
+                stack.append((child, False))
 
 
 def _positive(size: Node) -> bool:
