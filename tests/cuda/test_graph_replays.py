@@ -357,3 +357,32 @@ def test_a_gradient_the_user_keeps_is_not_overwritten() -> None:
     backward = [g for g in calls if g._copying]
     assert len(backward) == 1, [(g._name, g.replays) for g in calls]
     assert sorted(g.replays for g in calls) == [4, 4], [g.replays for g in calls]
+
+
+def test_a_kept_gradient_outlives_its_recording() -> None:
+    """A gradient lent by a backward's replay and kept by the caller keeps its memory
+    when the recordings are dropped (`torch._dynamo.reset()`): new recordings into
+    the device's pool do not write over it."""
+    import gc
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).cuda()
+    compiled = torch.compile(model, backend="ember", options={"cudagraphs": "on"})
+    x = torch.randn(16, 64, device="cuda")
+    for _ in range(3):
+        model.zero_grad()
+        compiled(x).sum().backward()
+    kept = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in kept)
+    values = [g.clone() for g in kept if g is not None]
+    del compiled
+    torch._dynamo.reset()
+    gc.collect()
+    # other graphs of the same sizes, recorded into the same pool, write other values
+    other = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10)).cuda()
+    again = torch.compile(other, backend="ember", options={"cudagraphs": "on"})
+    for step in range(3):
+        other.zero_grad()
+        (again(x * (step + 2.0)).sum() * 7.0).backward()
+    for held, value in zip(kept, values, strict=True):
+        torch.testing.assert_close(held, value, rtol=0, atol=0)

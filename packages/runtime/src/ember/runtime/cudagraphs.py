@@ -27,9 +27,11 @@ call. What makes that legal and how ember does it:
   reads it in place, checking at each replay that it is still there. Before the
   next replay rewrites that memory, the forward checks that everything it lent last
   time has died (autograd frees saved tensors once the backward has run): lent
-  results are built on storage objects the recording makes once and keeps, so a
-  use count of one says nothing else holds them (a weak reference per storage per
-  replay cost a few microseconds each, a MobileNetV3 step lends ~190); where
+  results are built on the recording's own storages, the ones that own the memory,
+  so their use count back at the recording's own says nothing else holds them (a
+  weak reference per storage per replay cost a few microseconds each, and a
+  MobileNetV3 step lends ~190), and a result still held when the recording is gone
+  (`torch._dynamo.reset()`) keeps its memory allocated rather than dangling; where
   something is still held (two forwards before one backward), that call runs plainly
   into memory of its own. On a MobileNetV3 training step this copy, and the copy of
   the saved tensors into the backward's recording, were most of the host time
@@ -261,6 +263,9 @@ class _Recording:
         self._fixed_strides(aliased)
         self.copy_targets = [target for _, _, target in self.copied]
         self.device = torch.device("cuda", device)
+        count = torch._C._storage_Use_Count
+        # (storage handle, the recording's own use count of it): see `lent_free`
+        self.lent_counts = [(st._cdata, count(st._cdata)) for st in self.lent_storages.values()]
 
     def _plan(self, inputs: list[Any]) -> set[int]:
         """Classify each result: a plain value, a view of an input, or pool memory
@@ -282,11 +287,12 @@ class _Recording:
                 pointer = result.untyped_storage().data_ptr()
                 sharing[pointer] = sharing.get(pointer, 0) + 1
         byte_buffers: dict[int, int] = {}  # storage -> its entry in `sources`
-        # lent storage address -> a storage object over that memory, made once: every
-        # replay's lent results are built on it, and a use count of one (this
-        # reference alone) says that nothing lent last time is still held
+        # lent storage address -> the recording's own storage there (the one that owns
+        # the memory): every replay's lent results are built on it, so a result the
+        # caller still holds keeps its memory allocated even after this recording is
+        # gone, and its use count back at the recording's own says that nothing lent
+        # last time is still held
         self.lent_storages: dict[int, torch.UntypedStorage] = {}
-        self.lent_handles: list[int] = []
         for number, result in enumerate(self.results):
             if not isinstance(result, torch.Tensor):
                 self.plan.append(_Output("value", result))
@@ -311,10 +317,7 @@ class _Recording:
                 # memory each replay, whose death `lent_free` checks before the next)
                 meta = _metadata(result.dtype, size, stride, offset)
                 self.plan.append(_Output("lent", meta, pointer, size, stride, offset))
-                if pointer not in self.lent_storages:
-                    self.lent_storages[pointer] = _storage_at(
-                        pointer, storage.nbytes(), result.device
-                    )
+                self.lent_storages.setdefault(pointer, storage)
                 _lent_memory.add(pointer)
             elif sharing[pointer] == 1 and _fills_storage(result):
                 self.plan.append(_Output("copy", None, len(self.sources), size, stride, offset))
@@ -327,7 +330,6 @@ class _Recording:
                 index = byte_buffers[pointer]
                 meta = _metadata(result.dtype, size, stride, offset)
                 self.plan.append(_Output("bytes", meta, index, size, stride, offset))
-        self.lent_handles = [st._cdata for st in self.lent_storages.values()]
         return aliased & copied
 
     def _fixed_strides(self, aliased: set[int]) -> None:
@@ -354,7 +356,7 @@ class _Recording:
         """Whether every tensor the last replay lent has died (a replay rewrites that
         memory)."""
         count = torch._C._storage_Use_Count
-        return all(count(handle) == 1 for handle in self.lent_handles)
+        return all(count(handle) == own for handle, own in self.lent_counts)
 
     def replay(self, args: list[Any]) -> Any:
         copied = self.copied
@@ -408,14 +410,6 @@ def _in_static_memory(t: torch.Tensor) -> bool:
 
 def _is_lent(t: torch.Tensor) -> bool:
     return t.untyped_storage().data_ptr() in _lent_memory
-
-
-def _storage_at(pointer: int, nbytes: int, device: torch.device) -> torch.UntypedStorage:
-    """A new storage object over `nbytes` of a recording's memory at `pointer`. It
-    does not own the memory (the recording's own results keep it allocated); its use
-    count is what says whether the caller still holds what was lent."""
-    storage = torch._C._construct_storage_from_data_pointer(pointer, device, nbytes)
-    return storage  # type: ignore[return-value]  # an untyped storage at run time
 
 
 def _fills_storage(t: torch.Tensor) -> bool:
