@@ -66,3 +66,26 @@ def test_sorts_pass_strict_without_fallbacks(op_db: list[object], dtype: torch.d
         outcomes = [check_op(by_name[n], dtype) for n in ("sort", "argsort", "msort", "topk")]
     assert {o.outcome for o in outcomes} <= {"pass", "skip"}, outcomes
     assert sum(o.outcome == "pass" for o in outcomes) >= 3
+
+
+STRICT_NOW = [
+    "i0", "special.i0e", "special.i1e", "digamma", "polygamma.polygamma_n_2", "igammac",
+    "special.zeta", "special.bessel_y1", "special.modified_bessel_k1", "special.airy_ai",
+    "special.log_ndtr", "special.chebyshev_polynomial_v", "special.hermite_polynomial_he",
+    "linalg.cholesky", "fft.fftn", "fft.ihfftn", "stft", "view_as_complex", "histc",
+    "_segment_reduce.offsets",
+]  # fmt: skip
+
+
+def test_special_functions_complex_and_linalg_pass_strict_without_fallbacks(
+    op_db: list[object],
+) -> None:
+    """Ops whose graphs needed fallbacks before: special functions (now ember's own C++),
+    complex tensors, linalg's effectful error checks, histograms and segment reductions
+    (intentional ATen calls, ember.ir.externs)."""
+    from ember.runtime import config
+
+    by_name = {op_label(op): op for op in op_db}
+    with config.scope(fallback=False, strict=True):
+        outcomes = [check_op(by_name[name], torch.float32) for name in STRICT_NOW]
+    assert [o for o in outcomes if o.outcome != "pass"] == []

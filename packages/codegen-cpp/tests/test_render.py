@@ -5,6 +5,7 @@ Set EMBER_UPDATE_GOLDEN=1 to rewrite the golden files after an intended change."
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from ember.codegen.cpp import (
 )
 from ember.codegen.cpp.indexing import print_index
 from ember.codegen.cpp.ops_table import render_op
+from ember.codegen.cpp.special import OP_FUNCTIONS
 from ember.graphpasses import ember_decompositions
 from ember.ir import Layout, Load, LoweringOptions, Op, lower_graph
 from ember.ir.ops import OP_NAMES
@@ -43,20 +45,64 @@ def kernels_of(fn: Callable[..., Any], *args: Any, symbolic: bool = False) -> li
 
 
 def test_ops_table_covers_the_protocol() -> None:
-    assert set(OP_FORMATS) | set(UNSUPPORTED_OPS) == set(OP_NAMES)
-    assert not set(OP_FORMATS) & set(UNSUPPORTED_OPS)
+    assert set(OP_FORMATS) | set(OP_FUNCTIONS) | set(UNSUPPORTED_OPS) == set(OP_NAMES)
+    assert not set(OP_FORMATS) & set(OP_FUNCTIONS)
+    assert not (set(OP_FORMATS) | set(OP_FUNCTIONS)) & set(UNSUPPORTED_OPS)
 
 
-def test_unsupported_op_is_named_with_its_kernel() -> None:
-    with pytest.raises(CppRenderError, match=r"op 'digamma'.*kernel 'k7'.*member 'buf3'"):
-        render_op("digamma", ["t0"], "k7", "buf3")
+def test_unknown_op_is_named_with_its_kernel() -> None:
+    with pytest.raises(CppRenderError, match=r"op 'no_such_op'.*kernel 'k7'.*member 'buf3'"):
+        render_op("no_such_op", ["t0"], "k7", "buf3")
+
+
+def _special_kernel(name: str, op: str, nargs: int = 1) -> FusedKernel:
     i0 = index_var("i", 0)
-    body = Op("special_bessel_j0", (Load("x", i0, torch.float32),), torch.float32)
+    args = tuple(Load(f"x{k}", i0, torch.float32) for k in range(nargs))
     layout = Layout.contiguous(torch.device("cpu"), torch.float32, (sympy.Integer(8),))
-    member = KernelMember("buf0", layout, POINTWISE, body, i0, stored=True)
-    kernel = FusedKernel("k0_pw_bessel", (sympy.Integer(8),), (), (member,), ("x",), ("buf0",))
-    with pytest.raises(CppRenderError, match=r"special_bessel_j0.*k0_pw_bessel"):
-        render_kernels([kernel])
+    member = KernelMember("buf0", layout, POINTWISE, Op(op, args, torch.float32), i0, stored=True)
+    inputs = tuple(f"x{k}" for k in range(nargs))
+    return FusedKernel(name, (sympy.Integer(8),), (), (member,), inputs, ("buf0",))
+
+
+def test_special_functions_are_emitted_only_where_called() -> None:
+    """A unit carries the special functions its kernels call, each after the tables and
+    functions it needs (K0 needs I0; Y0 needs J0), and nothing for kernels without."""
+    plain = render_kernels(kernels_of(lambda x: x.exp() + 1, torch.randn(4))).source
+    assert "special_" not in plain and "namespace sf" not in plain
+    unit = render_kernels(
+        [
+            _special_kernel("k0", "special_modified_bessel_k0"),
+            _special_kernel("k1", "special_bessel_y0"),
+        ]
+    ).source
+    for needed in ("I0_SMALL", "K0_LARGE", "Y0_SMALL_P", "J0_PHASE_Q"):
+        assert f"constexpr double {needed}[]" in unit
+    order = [
+        unit.index(f"inline T {f}(")
+        for f in ("special_i0", "k0_small", "special_modified_bessel_k0")
+    ]
+    assert order == sorted(order)
+    assert unit.index("inline T special_bessel_j0(") < unit.index("inline T special_bessel_y0(")
+    assert "I1_SMALL" not in unit and "special_zeta" not in unit
+    assert "ember::special_modified_bessel_k0(t0)" in unit
+    two = render_kernels([_special_kernel("k2", "igammac", 2)]).source
+    assert "ember::special_igammac(t0, t1)" in two and "inline double igamma_series(" in two
+
+
+def test_special_tables_hold_the_published_coefficients() -> None:
+    """Spot checks of the tables against values derived independently: Cephes' I0 series
+    on [0, 8] sums to exp(-x) I0(x) (1 at x = 0 with t = -2), and the zeta table holds
+    (2k)!/B_2k."""
+    from ember.ir import special_tables as tables
+
+    b0, b1, b2 = tables.I0_SMALL[0], 0.0, 0.0
+    for c in tables.I0_SMALL[1:]:
+        b2, b1 = b1, b0
+        b0 = -2.0 * b1 - b2 + c
+    assert abs(0.5 * (b0 - b2) - 1.0) < 1e-15
+    bernoulli = [1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730]
+    for k, b in enumerate(bernoulli, start=1):
+        assert tables.ZETA_EULER_MACLAURIN[k - 1] == pytest.approx(math.factorial(2 * k) / b)
 
 
 def _softmax(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

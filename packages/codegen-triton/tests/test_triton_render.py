@@ -36,11 +36,27 @@ def test_every_op_is_rendered_or_listed_unsupported() -> None:
 def test_unsupported_op_names_op_and_kernel() -> None:
     kernel = fused_kernels(lambda x: torch.exp(x) + 1, randn(8))[0]
     member = kernel.members[0]
-    body = Op("digamma", (member.body,), torch.float32)
+    body = Op("special_zeta", (member.body, member.body), torch.float32)
     broken = replace(kernel, members=(replace(member, body=body),))
-    with pytest.raises(UnsupportedKernelError, match=r"digamma.*|.*k0") as info:
+    with pytest.raises(UnsupportedKernelError, match=r"special_zeta.*|.*k0") as info:
         render_kernel(broken)
-    assert "digamma" in str(info.value) and kernel.name in str(info.value)
+    assert "special_zeta" in str(info.value) and kernel.name in str(info.value)
+
+
+def test_special_function_helpers_are_emitted_with_their_callees() -> None:
+    """K0 renders to ember's helper, which brings the Chebyshev series it sums, the
+    i0e it calls for x <= 2, and the libdevice import (sqrt); the module parses."""
+
+    kernel = fused_kernels(lambda x: torch.exp(x) + 1, randn(8))[0]
+    member = kernel.members[0]
+    body = Op("special_modified_bessel_k0", (member.body,), torch.float32)
+    source = render_kernel(replace(kernel, members=(replace(member, body=body),))).source
+    for helper in ("ember_k0", "ember_k0_small", "ember_i0e", "ember_cheb_k0_large"):
+        assert f"def {helper}(" in source
+    assert source.index("def ember_i0e(") < source.index("def ember_k0_small(")
+    assert "from triton.language.extra import libdevice" in source
+    assert "def ember_cheb_i1_small(" not in source
+    ast.parse(source)
 
 
 def test_prod_scatter_is_refused_clearly() -> None:

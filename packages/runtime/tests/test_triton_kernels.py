@@ -249,6 +249,47 @@ CASES: dict[str, Case] = {
             "rtol": 1e-4,
         },
     ),
+    # ember's special-function helpers (ember.codegen.triton.special) against eager, with
+    # NaN, infinities, signed zeros, negatives and every branch boundary
+    "special_functions": (
+        lambda x: (
+            torch.special.i0e(x),
+            torch.special.i1e(x),
+            torch.digamma(x),
+            torch.special.modified_bessel_k0(x),
+            torch.special.modified_bessel_k1(x),
+            torch.special.scaled_modified_bessel_k0(x),
+            torch.special.scaled_modified_bessel_k1(x),
+        ),
+        lambda device: [
+            torch.cat(
+                [
+                    torch.tensor(
+                        [
+                            0.0,
+                            -0.0,
+                            float("inf"),
+                            -float("inf"),
+                            float("nan"),
+                            1e-30,
+                            2.0,
+                            8.0,
+                            -8.0,
+                            10.0,
+                            -3.0,
+                            -2.5,
+                            1e10,
+                            -1e10,
+                            100.0,
+                            1e-6,
+                        ]
+                    ),
+                    torch.linspace(-30, 30, 241),
+                ]
+            ).to(device)
+        ],
+        {"atol": 1e-6, "rtol": 2e-5},
+    ),
     # a float remainder alone: its helper calls libdevice, which the kernel must import
     "float_remainder": (lambda x, y: torch.remainder(x, y), _args((9,), (9,)), {"atol": 1e-6}),
     # C's fmax/fmin: NaN only where both operands are NaN

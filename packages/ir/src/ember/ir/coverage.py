@@ -86,7 +86,7 @@ def main() -> None:
     print(f"lowered to loops:    {len(report.lowered)}")
     for module, count in sorted(by_file.items()):
         print(f"  {module:12} {count}")
-    print(f"intentional externs: {len(report.intentional)}")
+    print(f"intentional externs: {len(report.intentional)} (and any op on a complex tensor)")
     print(f"fallback externs:    {len(report.fallback)}")
     if ns.list:
         for title, names in (

@@ -267,7 +267,9 @@ class GraphLowering:
                     return self._maybe_realize(node, result)
                 except NotLowerable as why:
                     declined = f" (its lowering declined: {why})"
-        intentional = moves or node.target.overloadpacket in INTENTIONAL_EXTERNS
+        intentional = (
+            moves or node.target.overloadpacket in INTENTIONAL_EXTERNS or _has_complex(node)
+        )
         if not intentional:
             op_name = str(node.target)
             if not self.options.allow_fallback:
@@ -297,18 +299,22 @@ class GraphLowering:
     def _lower_with_effects(self, node: torch.fx.Node) -> tuple[Any, ...]:
         """`with_effects(token, op, *args)`: AOTAutograd threads an effect token through
         ops registered as effectful (the error checks of linalg ops). The op becomes an
-        extern call (a fallback: no op with effects has a lowering), kept in graph order
-        like every extern, and the token passes through: (token, *op's results)."""
+        extern call (no op with effects has a lowering; intentional for the ops of
+        INTENTIONAL_EXTERNS, such as `_linalg_check_errors`, a fallback otherwise), kept
+        in graph order like every extern, and the token passes through: (token, *op's
+        results)."""
         token, op, *args = node.args
         if not isinstance(op, torch._ops.OpOverload):
             raise LoweringError(node.name, str(op), "with_effects around a non-ATen op")
         op_name = str(op)
-        if not self.options.allow_fallback:
+        intentional = op.overloadpacket in INTENTIONAL_EXTERNS
+        if not intentional and not self.options.allow_fallback:
             raise LoweringError(
                 node.name, op_name, "an op with effects has no lowering and fallbacks are "
                 "disabled (EMBER_FALLBACK=0); enable fallbacks to call it as an ATen op",
             )  # fmt: skip
-        self.program.fallback_ops.add(op_name)
+        if not intentional:
+            self.program.fallback_ops.add(op_name)
         if op_name not in _fallbacks_logged:
             _fallbacks_logged.add(op_name)
             log.info("%s has effects: calling the ATen op", op_name)
@@ -324,7 +330,7 @@ class GraphLowering:
             kwargs=tuple((k, self._extern_arg(v)) for k, v in node.kwargs.items()),
             outputs=outputs,
             origin=node.name,
-            fallback=True,
+            fallback=not intentional,
         )
         self.add(kernel)
         if outputs and outputs[0] is not None:

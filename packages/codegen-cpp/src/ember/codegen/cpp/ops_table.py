@@ -3,14 +3,17 @@
 `{0}` and `{1}` are the arguments, always named temporaries of the op's argument type,
 so the type-generic helpers of the prelude (`ember::maximum`, `ember::floordiv`, ...)
 deduce one type. Ops whose torch semantics differ between integers and floats go
-through those helpers. `UNSUPPORTED_OPS` lists the ops with no C++ here (special
-functions without a standard-library counterpart): a kernel using one is refused with
-a `CppRenderError`, and the runtime falls back to eager for that graph.
+through those helpers. The special functions with no standard-library counterpart
+(Bessel functions, digamma, zeta, ...) call ember's own (ember.codegen.cpp.special),
+which `render_kernels` adds to a translation unit that uses them. An op with no C++
+(`UNSUPPORTED_OPS`, none at present) is refused with a `CppRenderError`, and the
+runtime falls back to eager for that graph.
 """
 
 from __future__ import annotations
 
 from ember.codegen.cpp.errors import CppRenderError
+from ember.codegen.cpp.special import op_format as special_op_format
 
 OP_FORMATS: dict[str, str] = {
     # unary, same dtype in and out
@@ -94,52 +97,14 @@ OP_FORMATS: dict[str, str] = {
     "logical_xor": "bool({0}) != bool({1})",
 }
 
-# Ops with no C++ here, and why (the runtime runs graphs using them eagerly).
-UNSUPPORTED_OPS: dict[str, str] = {
-    name: "a special function with no C++ standard library counterpart"
-    for name in (
-        "digamma",
-        "i0",
-        "igamma",
-        "igammac",
-        "polygamma",
-        "special_i0e",
-        "special_i1",
-        "special_i1e",
-        "special_ndtri",
-        "special_erfcx",
-        "special_airy_ai",
-        "special_bessel_j0",
-        "special_bessel_j1",
-        "special_bessel_y0",
-        "special_bessel_y1",
-        "special_modified_bessel_i0",
-        "special_modified_bessel_i1",
-        "special_modified_bessel_k0",
-        "special_modified_bessel_k1",
-        "special_scaled_modified_bessel_k0",
-        "special_scaled_modified_bessel_k1",
-        "special_spherical_bessel_j0",
-        "special_zeta",
-        "special_chebyshev_polynomial_t",
-        "special_chebyshev_polynomial_u",
-        "special_chebyshev_polynomial_v",
-        "special_chebyshev_polynomial_w",
-        "special_shifted_chebyshev_polynomial_t",
-        "special_shifted_chebyshev_polynomial_u",
-        "special_shifted_chebyshev_polynomial_v",
-        "special_shifted_chebyshev_polynomial_w",
-        "special_hermite_polynomial_h",
-        "special_hermite_polynomial_he",
-        "special_laguerre_polynomial_l",
-        "special_legendre_polynomial_p",
-    )
-}
+# Ops with no C++ here, and why (the runtime runs graphs using them eagerly). The
+# special functions are all in ember.codegen.cpp.special now.
+UNSUPPORTED_OPS: dict[str, str] = {}
 
 
 def render_op(name: str, args: list[str], kernel: str, member: str | None = None) -> str:
     """The C++ expression of op `name` over argument temporaries `args`."""
-    template = OP_FORMATS.get(name)
+    template = OP_FORMATS.get(name) or special_op_format(name)
     if template is None:
         why = UNSUPPORTED_OPS.get(name, "an op the C++ codegen does not know")
         raise CppRenderError(f"op {name!r} ({why})", kernel, member)

@@ -1,13 +1,13 @@
 """The entry point: a graph's fused kernels rendered into one C++17 translation unit.
 
-`render_kernels(kernels)` returns the source (the prelude, then one `extern "C"`
-function per kernel) and, per kernel, the argument list the runtime passes: one
-pointer per buffer of `kernel.buffer_arguments()` (the start of the buffer's storage;
-index expressions are storage offsets), then one `int64_t` per size symbol of
-`kernel.size_arguments()`, then, for a kernel with `checks`, its error record: an
-`int64_t[3]` the runtime zeroes, which the kernel sets to (check number + 1, bad
-value, size) when it finds an error (see ember.codegen.cpp.emitter). Rendering is
-pure text: nothing is compiled here.
+`render_kernels(kernels)` returns the source (the prelude, the special functions the
+kernels call, then one `extern "C"` function per kernel) and, per kernel, the argument
+list the runtime passes: one pointer per buffer of `kernel.buffer_arguments()` (the
+start of the buffer's storage; index expressions are storage offsets), then one
+`int64_t` per size symbol of `kernel.size_arguments()`, then, for a kernel with
+`checks`, its error record: an `int64_t[3]` the runtime zeroes, which the kernel sets
+to (check number + 1, bad value, size) when it finds an error (see
+ember.codegen.cpp.emitter). Rendering is pure text: nothing is compiled here.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ember.codegen.cpp.prelude import PRELUDE
 from ember.codegen.cpp.reduction_loops import ReductionEmitter
 from ember.codegen.cpp.scan_loops import emit_scan
 from ember.codegen.cpp.sort_loops import emit_sort
+from ember.codegen.cpp.special import special_source
 from ember.codegen.cpp.transpose_loops import emit_transposed, transposed_dim
 from ember.scheduler import FusedKernel, KernelMember
 
@@ -37,13 +38,14 @@ def render_kernels(kernels: Sequence[FusedKernel]) -> CppSource:
     names = [k.name for k in kernels]
     if len(set(names)) != len(names):
         raise ValueError(f"kernel names must be unique in one translation unit: {names}")
-    parts = [PRELUDE]
+    parts = []
     infos = []
     for kernel in kernels:
         text, info = render_kernel(kernel)
         parts.append(text)
         infos.append(info)
-    return CppSource("\n".join(parts), tuple(infos))
+    body = "\n".join(parts)
+    return CppSource("\n".join([PRELUDE, special_source(body), body]), tuple(infos))
 
 
 def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:

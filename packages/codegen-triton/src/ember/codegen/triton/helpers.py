@@ -12,6 +12,8 @@ the last bits of log1p and cos, which no two math libraries share).
 
 from __future__ import annotations
 
+from ember.codegen.triton.special import SPECIAL_CALLS, SPECIAL_HELPERS
+
 HELPERS: dict[str, str] = {
     "ember_truncdiv": """
 @triton.jit
@@ -240,6 +242,10 @@ _CALLS: dict[str, tuple[str, ...]] = {
     "ember_rand_normal": ("ember_rand_uniform",),
     "ember_sort_rows": ("ember_sort_partner", "ember_sort_before"),
 }
+
+
+HELPERS.update(SPECIAL_HELPERS)
+_CALLS.update(SPECIAL_CALLS)
 
 
 def helper_source(used: set[str]) -> str:

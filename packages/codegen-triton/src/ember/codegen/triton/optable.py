@@ -7,7 +7,8 @@ Triton dtype the result is computed in and `{I}` the signed integer type of the 
 width (for bit tests). Math goes through `tl` where Triton has an accurate builtin and
 through `libdevice` (triton.language.extra.libdevice, present in Triton 3.6 and 3.9)
 for the rest. `ember_*` names are small @triton.jit helpers from ember.codegen.triton.
-helpers, emitted into a kernel's source only when it uses them.
+helpers, emitted into a kernel's source only when it uses them; the special functions
+libdevice lacks (i0e, i1e, K0, K1, digamma) are helpers too (ember.codegen.triton.special).
 
 Ops listed in `UNSUPPORTED` raise `UnsupportedKernelError` naming the op and kernel,
 so the runtime runs that graph another way.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ember.codegen.triton.special import SPECIAL_OPS
 from ember.ir.ops import OP_NAMES
 
 Template = tuple[str | None, str | None]
@@ -126,24 +128,19 @@ TRITON_OPS: dict[str, Template] = {
 
 # Ops with no accurate Triton/libdevice form yet: the graph runs another way.
 UNSUPPORTED: dict[str, str] = {
-    "digamma": "no libdevice digamma",
     "polygamma": "no libdevice polygamma",
     "igamma": "no libdevice incomplete gamma",
     "igammac": "no libdevice incomplete gamma",
     "special_zeta": "no libdevice zeta",
-    "special_i0e": "exp(-|x|) * i0(x) overflows in float32 for |x| > 88",
-    "special_i1e": "exp(-|x|) * i1(x) overflows in float32 for |x| > 88",
     "special_airy_ai": "no libdevice Airy function",
-    "special_modified_bessel_k0": "no libdevice K0",
-    "special_modified_bessel_k1": "no libdevice K1",
-    "special_scaled_modified_bessel_k0": "no libdevice K0",
-    "special_scaled_modified_bessel_k1": "no libdevice K1",
     **{
         name: "orthogonal polynomials are not rendered yet"
         for name in OP_NAMES
         if "_polynomial_" in name
     },
 }
+
+TRITON_OPS.update({name: (template, None) for name, template in SPECIAL_OPS.items()})
 
 _INT_TYPES = {8: "tl.int8", 16: "tl.int16", 32: "tl.int32", 64: "tl.int64"}
 
