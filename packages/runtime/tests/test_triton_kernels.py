@@ -290,6 +290,13 @@ CASES: dict[str, Case] = {
         ],
         {"atol": 1e-6, "rtol": 2e-5},
     ),
+    # the sign of a negated zero: 1 / -(+0.0) is -inf in eager (a unary minus rendered
+    # as 0 - x gives +inf)
+    "negated_zero": (
+        lambda x: 1.0 / torch.neg(x),
+        lambda device: [torch.tensor([0.0, -0.0, 2.0, -3.0]).to(device)],
+        {},
+    ),
     # a float remainder alone: its helper calls libdevice, which the kernel must import
     "float_remainder": (lambda x, y: torch.remainder(x, y), _args((9,), (9,)), {"atol": 1e-6}),
     # C's fmax/fmin: NaN only where both operands are NaN

@@ -27,7 +27,9 @@ _FLOAT_ONLY = None
 
 TRITON_OPS: dict[str, Template] = {
     # unary, same dtype in and out
-    "neg": ("-{0}", "-{0}"),
+    # a product, not `-x`: Triton 3.6 renders a float's unary minus as 0 - x, which
+    # gives +0.0 for x = 0.0 where eager gives -0.0 (and 1 / that, -inf)
+    "neg": ("({0} * -1.0)", "-{0}"),
     "abs": ("tl.abs({0})", "tl.abs({0})"),
     "sign": ("tl.where({0} != {0}, {0}, ({0} > 0).to({T}) - ({0} < 0).to({T}))",
              "({0} > 0).to({T}) - ({0} < 0).to({T})"),

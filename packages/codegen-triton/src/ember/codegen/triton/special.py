@@ -125,7 +125,9 @@ def ember_digamma(v):
     out = tl.where(x == 10.0, total + 2.25175258906672110764, total + tl.log(x) - 0.5 / x - tail)
     out = out - reflection
     out = tl.where(negative & (v == whole), float("nan"), out)
-    infinite = libdevice.copysign(tl.zeros_like(v) + float("inf"), -v)
+    # -inf at +0.0, +inf at -0.0 (negating the infinity: Triton 3.6 negates a float as
+    # 0 - x, which loses the sign of a zero)
+    infinite = libdevice.copysign(tl.zeros_like(v) + float("inf"), v) * -1.0
     return tl.where(v == 0, infinite, out)
 """,
 }
