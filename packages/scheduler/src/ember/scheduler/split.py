@@ -35,7 +35,7 @@ M2_s (`buf_m2s`), and `buf` becomes the pointwise [mean, M2_s + n * M2_means] pa
 Unsplit, resnet50's training-mode batch norms ran one program per 64 channels over
 all N*H*W rows: 38% of its training step's kernel time on the H100 machine.
 
-That pair is then folded into its readers where it can be (`_fold_pair`): a reader
+That pair is then folded into its readers where it can be (`_fold_pairs`): a reader
 loading the mean loads it from `buf_means` (the same element of the same dense
 layout), one loading M2 computes `buf_m2s + n * M2_means` itself. Stored, the
 [C, 2] pair was a kernel of its own that no [C] reduction or pointwise could take
@@ -85,9 +85,7 @@ def split_reductions(program: Program, choices: DeviceChoices) -> Program:
             nodes.extend(parts)
     if len(nodes) == len(program.nodes):
         return program
-    for folded in pairs:
-        nodes = _fold_pair(nodes, folded, program.output_names())
-    return replace(program, nodes=nodes)
+    return replace(program, nodes=_fold_pairs(nodes, pairs, program.output_names()))
 
 
 @dataclass(frozen=True)
@@ -101,36 +99,63 @@ class _Pair:
     count: Node  # the elements per chunk, the partial means' M2 weight
 
 
-def _fold_pair(nodes: list[ComputeNode], folded: _Pair, outputs: set[str]) -> list[ComputeNode]:
-    """`nodes` without the pair, its readers computing what they load of it from the
-    means and M2 sums; `nodes` unchanged where the pair is a graph output, is read by
-    anything but pointwise or reduction bodies, or is loaded at a place whose field
-    (mean or M2) is not fixed by the index alone."""
-    pair, means = folded.pair, folded.means
-    name = pair.name
-    if name in outputs or not (_dense(pair.layout) and _dense(means.layout)):
-        return nodes
-    if product(pair.layout.size) != product(means.layout.size):
-        return nodes  # never (the same outputs, and the field): element k is element k
-    rewritten: dict[int, ComputeNode] = {}
+def _fold_pairs(
+    nodes: list[ComputeNode], pairs: list[_Pair], outputs: set[str]
+) -> list[ComputeNode]:
+    """`nodes` without the pairs that fold, their readers computing what they load of
+    them from the means and M2 sums. A pair stays where it is a graph output, is read
+    by anything but pointwise or reduction bodies and mean views, or is loaded at a
+    place whose field (mean or M2) is not fixed by the index alone. Every node's
+    reads are walked once, whatever the number of pairs."""
+    folding = {
+        p.pair.name: p
+        for p in pairs
+        if p.pair.name not in outputs
+        and _dense(p.pair.layout)
+        and _dense(p.means.layout)
+        # never false (the same outputs, and the field): element k is element k
+        and product(p.pair.layout.size) == product(p.means.layout.size)
+    }
+    readers: dict[str, list[int]] = {}
     for position, node in enumerate(nodes):
-        if node is pair or name not in set(node.reads()):
-            continue
+        for name in node.reads():
+            if name in folding:
+                readers.setdefault(name, []).append(position)
+    nodes = list(nodes)
+    folded: set[str] = set()
+    for name, pair in folding.items():
+        rewritten = _folded_readers(nodes, readers.get(name, []), pair)
+        if rewritten is not None:
+            for position, node in rewritten.items():
+                nodes[position] = node
+            folded.add(name)
+    return [n for n in nodes if n.name not in folded]
+
+
+def _folded_readers(
+    nodes: list[ComputeNode], positions: list[int], folded: _Pair
+) -> dict[int, ComputeNode] | None:
+    """The readers of `folded`'s pair (at `positions`) rewritten not to read it; None
+    where one of them cannot be."""
+    name, means = folded.pair.name, folded.means.name
+    rewritten: dict[int, ComputeNode] = {}
+    for position in positions:
+        node = nodes[position]
         if isinstance(node, ExternKernel):
-            view = _mean_view(node, name, means.name)
+            view = _mean_view(node, name, means)
             if view is None:
-                return nodes
+                return None
             rewritten[position] = view
             continue
         if not isinstance(node, ComputedBuffer) or not isinstance(node.loop, Pointwise | Reduction):
-            return nodes
+            return None
         if node.mutates == name:
-            return nodes
+            return None
         body = _folded_body(node.loop.body, folded)
         if body is None:
-            return nodes
+            return None
         rewritten[position] = replace(node, loop=replace(node.loop, body=body))
-    return [rewritten.get(i, n) for i, n in enumerate(nodes) if n is not pair]
+    return rewritten
 
 
 def _mean_view(node: ExternKernel, pair: str, means: str) -> ExternKernel | None:
