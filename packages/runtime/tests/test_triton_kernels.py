@@ -10,12 +10,9 @@ same cases in-process on a GPU.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,7 @@ import pytest
 import sympy
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from triton_harness import interpret, report
 
 from ember.graphpasses import ember_decompositions
 from ember.ir import LoweringOptions, Program, lower_graph, run_program
@@ -458,31 +456,8 @@ def run_case(name: str, device: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, dict[str, Any]]:
     """Run every case in the interpreter: a few subprocesses, each with a share."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    names = list(CASES)
     workers = max(1, min(4, os.cpu_count() or 1))
-    processes = [
-        subprocess.Popen(
-            [sys.executable, __file__, *names[k::workers]],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in range(workers)
-    ]
-    results: dict[str, dict[str, Any]] = {}
-    errors = []
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=600)
-        errors.append(stderr[-4000:])
-        for line in stdout.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                results[record["case"]] = record
-    if not results:
-        pytest.fail("the interpreter runs produced nothing:\n" + "\n".join(errors))
-    return results
+    return interpret(__file__, list(CASES), workers=workers)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -600,15 +575,5 @@ def test_a_graph_reusing_a_kernel_still_compiling_waits_for_it(tmp_path: Path) -
     torch.testing.assert_close(out, x * 5 - 2)
 
 
-def _main(names: list[str]) -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    for name in names:
-        try:
-            record = run_case(name, "cpu")
-        except Exception as exc:
-            record = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()}"}
-        print(json.dumps(record), flush=True)
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    report(run_case, sys.argv[1:])

@@ -9,12 +9,8 @@ interpreter lacks: that case runs on a GPU only (`cuda` tests run every case the
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from test_triton_kernels import _compare, _lower, _same_layout, run_with_triton
+from triton_harness import interpret, report
 
 from ember.ir import run_program
 
@@ -114,24 +111,8 @@ def run_case(name: str, device: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict[str, Any]]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
     names = [n for n, (_, _, o) in CASES.items() if o.get("interpret", True)]
-    process = subprocess.run(
-        [sys.executable, __file__, *names],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    results = {}
-    for line in process.stdout.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            results[record["case"]] = record
-    if not results:
-        pytest.fail("the interpreter run produced nothing:\n" + process.stderr[-4000:])
-    return results
+    return interpret(__file__, names)
 
 
 @pytest.mark.parametrize("case", [n for n, (_, _, o) in CASES.items() if o.get("interpret", True)])
@@ -155,15 +136,5 @@ def test_scan_kernel_on_gpu(case: str) -> None:
     assert run_case(case, "cuda")["ok"]
 
 
-def _main(names: list[str]) -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    for name in names:
-        try:
-            record = run_case(name, "cpu")
-        except Exception as exc:
-            record = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()}"}
-        print(json.dumps(record), flush=True)
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    report(run_case, sys.argv[1:])
