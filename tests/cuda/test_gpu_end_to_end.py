@@ -81,3 +81,28 @@ def test_demo_on_gpu(capsys: pytest.CaptureFixture[str]) -> None:
 def test_batch_norm_trains_with_a_dynamic_batch_on_gpu() -> None:
     """The Triton printer's float size expressions (`n / (n - 1)`, `1 / n`)."""
     train_batch_norm_with_dynamic_batch(DEVICE, (4, 6, 3))
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "make"),
+    [
+        ("roll", lambda x: torch.roll(x * 2, 1, 0), lambda: torch.randn(0, 3, device=DEVICE)),
+        ("pad", lambda x: torch.nn.functional.pad(x + 1, (1, 2), mode="circular"),
+         lambda: torch.randn(0, 3, 3, device=DEVICE)),
+        ("linspace", lambda x: torch.linspace(0, 1, x.shape[0], device=DEVICE) + x,
+         lambda: torch.randn(0, device=DEVICE)),
+    ],
+)  # fmt: skip
+def test_empty_results_launch_nothing(name: str, fn: object, make: object) -> None:
+    # A kernel over no elements has a grid of no programs, which the driver refuses
+    # ('invalid argument'); ember returns eager's empty result instead.
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="ember")
+    x = make()  # type: ignore[operator]
+    with no_eager_fallback() as graphs:
+        got = compiled(x)
+        got_again = compiled(x)
+    assert graphs, name
+    expected = fn(x)  # type: ignore[operator]
+    assert got.shape == expected.shape == got_again.shape
+    assert got.numel() == 0

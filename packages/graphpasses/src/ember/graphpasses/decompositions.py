@@ -51,6 +51,10 @@ EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
     aten.grid_sampler_2d: "bilinear/nearest sampling as indirect loads and pointwise math",
     aten.max_pool3d_with_indices: "windowed max and argmax, as the 2d pooling",
     aten.adaptive_max_pool3d: "windowed max and argmax, as the 2d pooling",
+    aten.linalg_vector_norm: (
+        "torch 2.11's core set leaves it whole (2.15 decomposes it): a reduction over a "
+        "pointwise body; found by the CUDA sweep (normalize, norm, cosine_similarity)"
+    ),
 }
 
 

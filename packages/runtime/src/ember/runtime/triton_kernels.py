@@ -327,7 +327,7 @@ class TritonLauncher:
         self._buffers = len(kernel.buffer_arguments)
         self._bounds = [kernel.buffer_arguments.index(b) for b in kernel.bounds_arguments]
         self._written = {i for i, b in enumerate(kernel.buffer_arguments) if b in kernel.written}
-        self._bound: dict[tuple[Any, ...], _Bound] = {}
+        self._bound: dict[tuple[Any, ...], _Bound | _NoPrograms] = {}
         self._loose: dict[tuple[Any, ...], _Bound] = {}  # unaligned variants, by sizes
         self._functions: dict[tuple[Variant, int], cuda_driver.Function] = {}
         self._unaligned_logged = False
@@ -465,7 +465,7 @@ class TritonLauncher:
         if bound is None or not bound(args[: self._buffers]):
             self._slow_call(args, bound)
 
-    def _slow_call(self, args: tuple[Any, ...], bound: _Bound | None) -> None:
+    def _slow_call(self, args: tuple[Any, ...], bound: _Bound | _NoPrograms | None) -> None:
         """A first call for these sizes, a call the bound launch refused (a buffer not
         aligned), or any call under Triton's interpreter."""
         kernel = self.kernel
@@ -481,7 +481,12 @@ class TritonLauncher:
             config = self.kernel.configs[0]
             self._launch_jit(config, self._operands(tensors, sizes), sizes)
             return
-        if bound is not None:  # refused: a buffer is not 16-byte aligned
+        if self.grid(self.kernel.configs[0], sizes)[0] <= 0:
+            # Nothing to compute (a size is 0): the driver refuses a grid of no
+            # programs, and there is nothing to tune; eager returns the empty result.
+            self._bound[args[self._buffers :]] = _NO_PROGRAMS
+            return
+        if isinstance(bound, _Bound):  # refused: a buffer is not 16-byte aligned
             self._count_unaligned(tensors)
             loose = self._loose.get(args[self._buffers :])
             if loose is None:
@@ -810,6 +815,18 @@ class _Bound:
         del scratch  # the caching allocator orders its reuse after this stream's work
         return True
 
+
+class _NoPrograms:
+    """The bound launch of sizes that leave a kernel no programs to run: it launches
+    nothing (CUDA refuses an empty grid with 'invalid argument')."""
+
+    __slots__ = ()
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> bool:
+        return True
+
+
+_NO_PROGRAMS = _NoPrograms()
 
 _raw_stream = torch._C._cuda_getCurrentRawStream  # the current stream's handle, per device
 
