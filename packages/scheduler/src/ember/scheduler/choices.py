@@ -46,15 +46,13 @@ class DeviceChoices:
     `horizontal`: fuse siblings that share inputs but not data.
 
     Split reductions (ember.scheduler.split): a reduction runs one worker (a GPU
-    program, a CPU thread's work item) per output, or, when its loads are contiguous
-    across outputs (a column sum: the codegen tiles neighbouring outputs together),
-    one per `split_column_width` (chunk, output) pairs of its partial step. When that
-    gives fewer than `split_workers` workers, the reduction is cut into chunks so that
-    about `split_workers` run; `split_workers=0` never splits. Each chunk reduces at
-    least `split_min_chunk` elements (a partial result costs a store and a load), or
-    `split_min_column_chunk` in a column reduction (where set: each of its workers
-    covers `split_column_width` outputs, so a short chunk is still a full tile), and
-    there are at most `split_max_chunks` chunks per output (the final reduction's row).
+    program, a CPU thread's work item) per output, or per `split_column_width`
+    outputs when its loads are contiguous across outputs (a column sum: the codegen
+    tiles neighbouring outputs together). When that gives fewer than `split_workers`
+    workers, the reduction is cut into chunks so that about `split_workers` run;
+    `split_workers=0` never splits. Each chunk reduces at least `split_min_chunk`
+    elements (a partial result costs a store and a load) and there are at most
+    `split_max_chunks` chunks per output (the final reduction's row).
     """
 
     max_members: int = 48
@@ -63,7 +61,6 @@ class DeviceChoices:
     split_workers: int = 0
     split_column_width: int = 1
     split_min_chunk: int = 1024
-    split_min_column_chunk: int = 0
     split_max_chunks: int = 1024
 
     def reduction_chunks(self, outputs: int, length: int, extent: int, column: bool) -> int:
@@ -77,16 +74,14 @@ class DeviceChoices:
         if self.split_workers <= 0 or outputs <= 0 or length <= 0:
             return 1
         width = max(self.split_column_width, 1) if column else 1
-        if -(-outputs // width) >= self.split_workers:
+        workers = -(-outputs // width)
+        if workers >= self.split_workers:
             return 1
-        if column:
-            # the partial step tiles `width` of its (chunk, output) pairs per worker
-            wanted = -(-self.split_workers * width // outputs)
-            least = self.split_min_column_chunk or self.split_min_chunk
-        else:
-            wanted = -(-self.split_workers // outputs)
-            least = self.split_min_chunk
-        wanted = min(wanted, self.split_max_chunks, length // max(least, 1))
+        wanted = min(
+            -(-self.split_workers // workers),
+            self.split_max_chunks,
+            length // max(self.split_min_chunk, 1),
+        )
         for chunks in range(wanted, 1, -1):
             if extent % chunks == 0:
                 return chunks

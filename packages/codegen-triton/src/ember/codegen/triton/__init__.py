@@ -52,15 +52,14 @@ GPU_DEFAULTS = DeviceProperties(
 # Scheduling choices for GPU kernels: persistent reductions keep a row in registers,
 # so recomputing an inlined producer per stage is cheap next to another memory pass.
 # Reductions are split (ember.scheduler.split) until the GPU gets about 16 programs
-# per multiprocessor (2112 on an H100's 132), counting one program per output for a
-# row reduction and per COLUMN_XBLOCK (chunk, output) pairs for a column one (plan.py's
-# first column tile). A row chunk reduces at least 256 elements; a column chunk at
-# least 32 rows: its program still covers 64 outputs x 32 rows, and chunks of up to
-# 256 rows are persistent reductions, whose Welford is two passes over registers
-# rather than a division per element. A column sum of [32768, 4096] becomes 32 chunks
-# of 1024 rows: 2048 programs instead of 64; MobileNetV3's batch-norm statistics over
-# [6272, 80] became 196 chunks of 32 rows (245 programs) where 16 chunks of 392 rows
-# gave 20 looped programs (12.6 us each on the H100, 2026-11-24).
+# per multiprocessor (2112 on an H100's 132), counting one program per COLUMN_XBLOCK
+# outputs for a column reduction (plan.py's first column tile) and per output for a
+# row one; each chunk reduces at least 256 elements. A column sum of [32768, 4096]
+# becomes 32 chunks of 1024 rows: 2048 programs instead of 64. Measured and rejected
+# (H100, 2026-11-24, MobileNetV3 training step): counting a column reduction's programs
+# by (chunk, output) pairs with chunks of 32+ rows sped its batch-norm statistics by 8%
+# (548 -> 505 us) but slowed the backward's fused column sums 2.3x (231 -> 542 us):
+# 5.14 ms of kernels per step against 4.78.
 def triton_choices(properties: DeviceProperties = GPU_DEFAULTS) -> DeviceChoices:
     """The scheduling choices for the GPU of `properties`."""
     return DeviceChoices(
@@ -68,7 +67,6 @@ def triton_choices(properties: DeviceProperties = GPU_DEFAULTS) -> DeviceChoices
         split_workers=max(1, properties.multiprocessors) * 16,
         split_column_width=COLUMN_XBLOCK,
         split_min_chunk=256,
-        split_min_column_chunk=32,
         split_max_chunks=1024,
     )
 
