@@ -67,6 +67,10 @@ def _bmm_relu_cast(a: torch.Tensor, b: torch.Tensor) -> Any:
     return torch.relu(torch.bmm(a, b)).to(torch.bfloat16)
 
 
+def _linear_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+    return torch.relu(F.linear(x, w, b))
+
+
 def _linear_silu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
     return F.silu(F.linear(x, w, b))
 
@@ -89,6 +93,8 @@ CASES: dict[str, Case] = {
         _randn((37, 53), ("t", 53, 29), (37, 29)),
         {"atol": 1e-4},
     ),
+    # K = 64: every config's RBLOCK divides it, so the K loop runs without a K mask
+    "linear_relu_even_k": (_linear_relu, _randn((40, 64), (48, 64), (48,)), {"atol": 1e-4}),
     "mm_product_kept": (_mm_kept, _randn((37, 53), (53, 29)), {"atol": 1e-4}),
     "bmm_relu_cast": (_bmm_relu_cast, _randn((3, 37, 53), (3, 53, 29)), BF16),
     "linear_silu_dynamic": (
