@@ -57,7 +57,15 @@ log = logging.getLogger("ember.runtime")
 
 # Settings that change the compiled artifact (others, e.g. strictness or CUDA graphs,
 # act around it).
-KEYED_SETTINGS = ("fallback", "index_checks", "kernels", "layout", "recompute", "cpu_gemm")
+KEYED_SETTINGS = (
+    "fallback",
+    "index_checks",
+    "kernels",
+    "layout",
+    "recompute",
+    "cpu_gemm",
+    "matmul_templates",
+)
 _SEPARATOR = "~"  # stands for "/" in entry file names (the store keeps flat names)
 stats = {"hits": 0, "misses": 0, "stored": 0}
 
@@ -89,6 +97,8 @@ def graph_key(
     for device in sorted(devices, key=str):
         if device.type == "cuda":  # capability, and the SM count that sizes split reductions
             add("cuda", device, cuda_properties(device))
+            # float32 matmul templates bake TF32 in or out (ember.runtime.kernels)
+            add("tf32", torch.backends.cuda.matmul.allow_tf32)
         elif device.type == "cpu":
             from ember.runtime.cpu_gemm import rule_key
 

@@ -316,7 +316,8 @@ def _build(
         verify(program)
     _dump(debug, "ir.txt", lambda: format_program(program), name)
     with _timed(record, "scheduling"):
-        schedule = schedule_program(program, scheduling_choices(records))
+        choices = scheduling_choices(records, config.matmul_templates)
+        schedule = schedule_program(program, choices)
     _dump(debug, "schedule.txt", schedule.format, name)
     if not schedule.kernels:
         return program, schedule, {}

@@ -283,6 +283,15 @@ KNOBS: dict[str, Knob[Any]] = {
         "and CPU family says so (measured on AMD Zen 5 with AVX-512; ATen's addmm/mm on "
         "other CPUs), else ATen's; 'onednn' always; 'aten' never.",
     ),
+    "matmul_templates": Knob(
+        "EMBER_MATMUL_TEMPLATES",
+        lambda text: _choice(text, ("auto", "on", "off")),
+        lambda: "auto",
+        "CUDA matmuls (mm, addmm, bmm) as Triton templates with their bias, activation, "
+        "residual, scale and cast fused in as an epilogue: 'on' wherever such consumers "
+        "can fuse; 'off' never (cuBLAS, then separate kernels); 'auto' (default) "
+        "behaves as 'off' for now (a compile-time benchmark against cuBLAS is to come).",
+    ),
     "cudagraphs": Knob(
         "EMBER_CUDAGRAPHS",
         lambda text: _choice(text, ("auto", "on", "off")),
@@ -444,6 +453,10 @@ class EmberConfig:
     @property
     def cpu_gemm(self) -> str:
         return str(self.get("cpu_gemm"))
+
+    @property
+    def matmul_templates(self) -> str:
+        return str(self.get("matmul_templates"))
 
     @property
     def cudagraphs(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +94,22 @@ def sort_limits(records: Records, mode: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(limits.items()))
 
 
-def scheduling_choices(records: Records) -> DeviceChoices:
+def scheduling_choices(records: Records, matmul_templates: str = "off") -> DeviceChoices:
     """The scheduler's device-specific choices: the codegen's own for a graph on one
-    device type (the first device's, with several GPUs), the defaults otherwise."""
-    if len({r.type for r in records.values()}) == 1:
-        return min(records.values(), key=lambda r: str(r.device)).choices
-    return DEFAULT_CHOICES
+    device type (the first device's, with several GPUs), the defaults otherwise.
+
+    `matmul_templates` (EMBER_MATMUL_TEMPLATES) turns matmul templates with fused
+    epilogues on where the codegen renders them (`DeviceChoices.matmul_templates`:
+    Triton's), with float32 products exact unless torch allows TF32 now. 'auto'
+    leaves them off: the compile-time benchmark that would pick them per matmul
+    against cuBLAS does not exist yet."""
+    if len({r.type for r in records.values()}) != 1:
+        return DEFAULT_CHOICES
+    choices = min(records.values(), key=lambda r: str(r.device)).choices
+    if matmul_templates == "on" and choices.matmul_templates:
+        tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+        choices = replace(choices, matmul_epilogues=True, matmul_tf32=tf32)
+    return choices
 
 
 def wants_loops(records: Records, mode: str) -> bool:

@@ -6,6 +6,13 @@ runtime executes it.
 """
 
 from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices, DeviceProperties
+from ember.scheduler.epilogue import (
+    MATMUL_OPS,
+    MatmulRoles,
+    matmul_operands,
+    matmul_roles,
+    template_matmuls,
+)
 from ember.scheduler.interpret import run_kernel, run_schedule
 from ember.scheduler.kernel import (
     POINTWISE,
@@ -15,6 +22,7 @@ from ember.scheduler.kernel import (
     SORT,
     FusedKernel,
     KernelMember,
+    MatmulSpec,
     SortSpec,
 )
 from ember.scheduler.memory import plan_memory
@@ -33,6 +41,7 @@ from ember.scheduler.traffic import computed_bytes, is_static, kernel_bytes, unf
 
 __all__ = [
     "DEFAULT_CHOICES",
+    "MATMUL_OPS",
     "POINTWISE",
     "REDUCTION",
     "SCAN",
@@ -46,6 +55,8 @@ __all__ = [
     "FusionNote",
     "KernelMember",
     "KernelStep",
+    "MatmulRoles",
+    "MatmulSpec",
     "MemoryPlan",
     "Schedule",
     "SelectOutput",
@@ -54,9 +65,12 @@ __all__ = [
     "computed_bytes",
     "is_static",
     "kernel_bytes",
+    "matmul_operands",
+    "matmul_roles",
     "plan_memory",
     "run_kernel",
     "run_schedule",
     "schedule_program",
+    "template_matmuls",
     "unfused_bytes",
 ]

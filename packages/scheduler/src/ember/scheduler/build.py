@@ -18,12 +18,21 @@ from ember.scheduler.kernel import (
     SORT,
     FusedKernel,
     KernelMember,
+    MatmulSpec,
     SortSpec,
 )
 
 
-def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKernel]:
-    """One kernel per group, keyed by the group's position in the program."""
+def build_kernels(
+    program: Program,
+    groups: list[Group],
+    matmuls: frozenset[str] = frozenset(),
+    matmul: MatmulSpec | None = None,
+) -> dict[int, FusedKernel]:
+    """One kernel per group, keyed by the group's position in the program. A group
+    that starts with one of `matmuls` (ember.scheduler.epilogue) is a matmul kernel
+    computed as `matmul` says, its dimensions left as they are (the codegen reads
+    the roles M, N, K and batch off them)."""
     read_outside = _read_outside(program, groups)
     kernels: dict[int, FusedKernel] = {}
     for number, group in enumerate(groups):
@@ -67,8 +76,9 @@ def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKerne
         local = {m.name for m in members if m.kind == REDUCTION}
         inputs = sorted(_reads(members) - local)
         origins = tuple(dict.fromkeys(o for m in group.members for o in _origins(m.buffer)))
+        template = group.members[0].buffer.name in matmuls
         kernel = FusedKernel(
-            name=_kernel_name(number, group, origins),
+            name=_kernel_name(number, group, origins, template),
             ranges=group.ranges,
             reduction_ranges=group.reduction_ranges,
             members=tuple(members),
@@ -77,8 +87,9 @@ def build_kernels(program: Program, groups: list[Group]) -> dict[int, FusedKerne
             device=group.members[0].buffer.layout.device,
             origins=origins,
             computes=tuple(m.buffer.name for m in group.members),
+            matmul=(matmul or MatmulSpec()) if template else None,
         )
-        kernels[group.position] = merge_dimensions(kernel)
+        kernels[group.position] = kernel if template else merge_dimensions(kernel)
     return kernels
 
 
@@ -126,7 +137,7 @@ _SHAPE_OPS = frozenset({
 NAME_LENGTH = 48
 
 
-def _kernel_name(number: int, group: Group, origins: tuple[str, ...]) -> str:
+def _kernel_name(number: int, group: Group, origins: tuple[str, ...], matmul: bool = False) -> str:
     """`k<n>_<kind>_<what it computes>`: the ops of the FX nodes whose computation
     it holds (numbers stripped, each once, views and copies left out), whole words
     only, so a name lists only what the kernel computes. Where the words do not fit,
@@ -139,7 +150,9 @@ def _kernel_name(number: int, group: Group, origins: tuple[str, ...]) -> str:
     if not words:  # only copies and views (or hand-built IR): say what kind of loop
         words = list(dict.fromkeys(m.kind for m in group.members))
     kind = (
-        "scan"
+        "mm"
+        if matmul
+        else "scan"
         if any(m.kind == SCAN for m in group.members)
         else "sort"
         if any(m.kind == SORT for m in group.members)

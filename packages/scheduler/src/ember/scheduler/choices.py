@@ -53,6 +53,13 @@ class DeviceChoices:
     `split_workers=0` never splits. Each chunk reduces at least `split_min_chunk`
     elements (a partial result costs a store and a load) and there are at most
     `split_max_chunks` chunks per output (the final reduction's row).
+
+    Matmul templates (ember.scheduler.epilogue): `matmul_templates` says the codegen
+    renders matrix products as kernels of their own, with pointwise consumers fused
+    as an epilogue (Triton's does; the C++ one does not). `matmul_epilogues` asks the
+    scheduler to use them (the runtime sets it from EMBER_MATMUL_TEMPLATES, and only
+    where `matmul_templates` holds); `matmul_tf32` lets float32 products round their
+    operands to TF32 (torch's `allow_tf32` at compile time).
     """
 
     max_members: int = 48
@@ -62,6 +69,9 @@ class DeviceChoices:
     split_column_width: int = 1
     split_min_chunk: int = 1024
     split_max_chunks: int = 1024
+    matmul_templates: bool = False
+    matmul_epilogues: bool = False
+    matmul_tf32: bool = False
 
     def reduction_chunks(self, outputs: int, length: int, extent: int, column: bool) -> int:
         """How many chunks to cut each row of a static reduction into (1: leave it whole).

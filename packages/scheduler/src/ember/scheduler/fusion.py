@@ -27,6 +27,10 @@ beside its indices), so that codegens sort the row once for both.
 Scatters and mutations of inputs stay alone; extern calls are never fused and nothing
 is fused across them when they read what a node of the group computes.
 
+A matmul product (`matmuls`: ember.scheduler.epilogue) starts a kernel of its own and
+joins none; its kernel takes only pointwise epilogues over its outer space that read
+something the kernel computes.
+
 Score: the bytes that fusing keeps out of memory, counted with all size symbols at
 `ember.ir.SIZE_HINT` (only the order of candidates matters). Vertical fusion saves the
 producer's reads; horizontal fusion (siblings sharing an input, same iteration space)
@@ -301,9 +305,12 @@ def _var_map(
 class Fuser:
     """Builds the groups for one program."""
 
-    def __init__(self, program: Program, choices: DeviceChoices) -> None:
+    def __init__(
+        self, program: Program, choices: DeviceChoices, matmuls: frozenset[str] = frozenset()
+    ) -> None:
         self.program = program
         self.choices = choices
+        self.matmuls = matmuls  # matmul products (ember.scheduler.epilogue)
         self.groups: list[Group] = []
         self.group_of: dict[str, Group] = {}
         self.position_of: dict[str, int] = {}
@@ -384,6 +391,9 @@ class Fuser:
             if not degenerate:
                 written = {buffer.name, *([buffer.mutates] if buffer.mutates else [])}
                 self.barriers.append((position, frozenset(self._root(n) for n in written)))
+            return
+        if buffer.name in self.matmuls:
+            self._new_group(buffer, position)  # a template kernel, its epilogue to come
             return
         best: tuple[int, int, Group, Member] | None = None
         refused: dict[str, str] = {}  # first member of a group -> why not there
@@ -590,6 +600,11 @@ class Fuser:
         kind = _kind(buffer)
         if group.writes and any(self._root(n) in group.writes for n in self._reads(buffer)):
             return "it reads what that kernel writes in place"
+        matmul = group.members[0].buffer.name in self.matmuls
+        if matmul and kind != POINTWISE:
+            return "a matmul kernel takes only pointwise epilogues"
+        if matmul and group.names().isdisjoint(self._reads(buffer)):
+            return "a matmul kernel takes only epilogues of what it computes"
         if kind == SCAN or any(m.kind == SCAN for m in group.members):
             return self._try_scan_sibling(group, buffer)
         if kind == SORT or any(m.kind == SORT for m in group.members):
@@ -607,6 +622,8 @@ class Fuser:
         if placed is None:
             return f"iteration spaces differ ({_space(buffer)} against {_space(group)})"
         mapping, over_reduction = placed
+        if matmul and over_reduction:
+            return "it runs over the matmul's inner dimension"
         blocked = self._dependencies_block(group, buffer)
         if blocked is not None:
             return blocked

@@ -37,6 +37,16 @@ inlined that member's body), and a load of a *reduction* member of the same kern
 outer point (`local_value` tells which one, for welford). A member with
 `stored=False` is not written to memory at all: only other members use it.
 Loads may carry masks and indirect indices (see ember.ir.expr.Load).
+
+A kernel with `matmul` set is a matrix product with an epilogue (ember.scheduler.
+epilogue): its first member is a `sum` reduction over the one inner dimension `r0`
+(the K of the product) whose body is the product of two plain loads, A and B
+(`matmul_operands`), each converted to float32; the products are accumulated in
+float32 and the member's value (rounded to its dtype) is what the other members, all
+pointwise over the outer dimensions, read. The outer variables each operand's index
+uses say their roles (`matmul_roles`): only A's is M, only B's is N, both is a batch.
+Codegens that render such kernels say so (`DeviceChoices.matmul_templates`); the
+scheduler's interpreter runs them as the reduction they are.
 """
 
 from __future__ import annotations
@@ -64,6 +74,17 @@ class SortSpec:
     descending: bool
     count: sympy.Expr  # the first `count` of the order are stored
     indices: bool  # stores positions along the row, not values
+
+
+@dataclass(frozen=True)
+class MatmulSpec:
+    """How a matmul kernel's product is computed (see the module docstring).
+
+    `tf32`: float32 operands may be rounded to TF32 inside the product (torch's
+    `torch.backends.cuda.matmul.allow_tf32` when the graph was compiled); False keeps
+    the product exact in float32, as eager's default."""
+
+    tf32: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,7 @@ class FusedKernel:
     # every IR buffer it computes, the ones inlined into their readers included.
     origins: tuple[str, ...] = ()
     computes: tuple[str, ...] = ()
+    matmul: MatmulSpec | None = None  # a matrix product with an epilogue
 
     @property
     def local_reductions(self) -> frozenset[str]:

@@ -6,8 +6,9 @@ from ember.ir import ComputedBuffer, ExternKernel, MultiOutput, Program
 from ember.scheduler.build import build_kernels
 from ember.scheduler.choices import DEFAULT_CHOICES, DeviceChoices
 from ember.scheduler.collectives import overlap_collectives
+from ember.scheduler.epilogue import template_matmuls
 from ember.scheduler.fusion import Fuser, Group
-from ember.scheduler.kernel import FusedKernel
+from ember.scheduler.kernel import FusedKernel, MatmulSpec
 from ember.scheduler.memory import plan_memory
 from ember.scheduler.schedule import (
     ExternCall,
@@ -30,12 +31,27 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
     functional collectives: each is issued as early and waited for as late as its data
     allows, so that communication overlaps compute (ember.scheduler.collectives). The
     schedule's `program` is the one its kernels compute: `program` itself, or a copy
-    with split reductions (ember.scheduler.split) and their partial buffers.
+    with split reductions (ember.scheduler.split) and their partial buffers, and
+    with the matmul calls that `choices` turn into templates as loop nodes
+    (ember.scheduler.epilogue).
     """
-    program = read_through_views(split_reductions(program, choices))
-    fuser = Fuser(program, choices)
-    groups = fuser.run()
-    kernels = build_kernels(program, groups)
+    split = split_reductions(program, choices)
+    keep: frozenset[str] = frozenset()  # matmul calls left to ATen
+    while True:
+        program, products = template_matmuls(split, choices, keep)
+        program = read_through_views(program)
+        fuser = Fuser(program, choices, frozenset(products))
+        groups = fuser.run()
+        alone = {
+            products[g.members[0].buffer.name]
+            for g in groups
+            if len(g.members) == 1 and g.members[0].buffer.name in products
+        }
+        if not alone:
+            break
+        keep |= alone  # nothing joined them: cuBLAS alone does better
+    matmul = MatmulSpec(tf32=choices.matmul_tf32)
+    kernels = build_kernels(program, groups, frozenset(products), matmul)
     steps: list[Step] = []
     for position, node in enumerate(program.nodes):
         if isinstance(node, ExternKernel):

@@ -6,7 +6,8 @@ renders text only; the runtime (ember.runtime.triton_kernels) compiles, tunes an
 launches. Modules in processing order: plan (tiling, configs, grid), skeleton
 (signature, block axes), body (DAG -> lines), optable (op -> Triton), helpers
 (@triton.jit helpers: RNG, combines, the pair sort), pointwise, reduction, scan, sort,
-kernel (entry).
+gemm (the matmul template, its pointwise consumers fused as an epilogue), kernel
+(entry).
 """
 
 from ember.codegen.triton.kernel import TritonKernel, render_kernel
@@ -64,6 +65,7 @@ def triton_choices(properties: DeviceProperties = GPU_DEFAULTS) -> DeviceChoices
     """The scheduling choices for the GPU of `properties`."""
     return DeviceChoices(
         max_inline_ops=24,
+        matmul_templates=True,  # ember.codegen.triton.gemm
         split_workers=max(1, properties.multiprocessors) * 16,
         split_column_width=COLUMN_XBLOCK,
         split_min_chunk=256,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ember.codegen.triton.body import BodyRenderer, Scope
+from ember.codegen.triton.gemm import GEMM, gemm_configs, plan_gemm, render_gemm
 from ember.codegen.triton.helpers import helper_source
 from ember.codegen.triton.plan import (
     POINTWISE,
@@ -95,7 +96,11 @@ def render_kernel(
     fuses without the kernel's number (`red_var_mean_add`), so the kernels of a layer
     repeated twelve times render to one source, which the runtime compiles once."""
     positional = _positional(kernel)  # rendered; the launch contract keeps real names
-    plan = plan_kernel(positional, reduction=reduction)
+    if kernel.matmul is not None:
+        plan = plan_gemm(positional)
+        configs = gemm_configs(positional, plan)
+    else:
+        plan = plan_kernel(positional, reduction=reduction)
     if plan.kind == POINTWISE:
         # the same points in the same order, with indices Triton can vectorize
         # (ember.codegen.triton.regroup); kept only where the tiling stays 1-D
@@ -106,7 +111,11 @@ def render_kernel(
                 positional, plan = split, split_plan
     body = BodyRenderer(positional, plan, debug=debug)
     scope = Scope()
-    setup_axes(plan, body.printer, scope)
+    if plan.kind == GEMM:
+        render_gemm(positional, plan, body, scope, configs)
+    else:
+        setup_axes(plan, body.printer, scope)
+        configs = candidate_configs(kernel, plan)
     if plan.kind in (POINTWISE, POINTWISE_2D):
         render_pointwise(positional, body, scope)
     elif plan.kind == SCATTER:
@@ -115,7 +124,7 @@ def render_kernel(
         ScanRenderer(positional, plan, body).render(scope)
     elif plan.kind == SORT:
         SortRenderer(positional, plan, body).render(scope)
-    else:
+    elif plan.kind != GEMM:
         ReductionRenderer(positional, plan, body).render(scope)
     function = re.sub(r"^k\d+_", "", sanitize(kernel.name)) or "kernel"
     params = parameters(positional, plan, body.bounds_checked)
@@ -150,7 +159,7 @@ def render_kernel(
         reads=kernel.inputs,
         written=tuple(dict.fromkeys(written)),
         grid=plan.grid,
-        configs=candidate_configs(kernel, plan),
+        configs=configs,
         index_type=plan.index_type,
         index_checks=tuple((c.describe(), c.dim) for c in body.index_checks),
         launch_options=CHECKED_OPTIONS if body.index_checks else (),
