@@ -1,7 +1,7 @@
 """What decides whether a graph is recorded as a CUDA graph, checked without a GPU:
 `graph_blocker` on graphs traced with fake CUDA tensors, and torch.compile's `mode`
 and `options` as ember settings. The recordings themselves are tested on the GPU
-(tests/cuda/test_cudagraphs.py)."""
+(tests/cuda/test_graph_replays.py)."""
 
 from __future__ import annotations
 
@@ -89,3 +89,26 @@ def test_options_reach_the_compile_and_a_bad_mode_is_an_error() -> None:
     bad = torch.compile(lambda x: x + 1, backend="ember", mode="fastest")
     with pytest.raises(Exception, match="mode='fastest'"):
         bad(x)
+
+
+def test_recorded_addresses_leave_with_their_recordings() -> None:
+    # The lent and static address sets hold what live recordings use: an address
+    # stays while any recording that registered it lives, and leaves with the last.
+    import gc
+
+    from ember.runtime.cudagraphs import _Addresses
+
+    class Owner:
+        pass
+
+    addresses = _Addresses()
+    first, second = Owner(), Owner()
+    addresses.register(first, [16, 32])
+    addresses.register(second, [32])
+    assert 16 in addresses and 32 in addresses and len(addresses) == 2
+    del first
+    gc.collect()
+    assert 16 not in addresses and 32 in addresses
+    del second
+    gc.collect()
+    assert 32 not in addresses and len(addresses) == 0

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from conftest import lower_fn
 
+from ember.ir import Program
 from ember.scheduler import (
     DEFAULT_CHOICES,
     ExternCall,
@@ -26,9 +26,14 @@ from ember.scheduler import (
 TEMPLATES = dataclasses.replace(DEFAULT_CHOICES, matmul_templates=True, matmul_epilogues=True)
 
 
-def _schedule(fn: Callable[..., Any], *args: torch.Tensor, **options: Any) -> Schedule:
+Lower = Callable[..., Program]  # the `lower` fixture (conftest.py)
+
+
+def _schedule(
+    lower: Lower, fn: Callable[..., Any], *args: torch.Tensor, **options: Any
+) -> Schedule:
     choices = dataclasses.replace(TEMPLATES, **options)
-    return schedule_program(lower_fn(fn, *args, symbolic=False), choices)
+    return schedule_program(lower(fn, *args), choices)
 
 
 def _matmul_calls(schedule: Schedule) -> list[str]:
@@ -61,19 +66,19 @@ def _transposed_result(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> Any
     return (x @ w).t() + r
 
 
-def test_a_transposed_result_is_stored_transposed_by_the_epilogue() -> None:
+def test_a_transposed_result_is_stored_transposed_by_the_epilogue(lower: Lower) -> None:
     """Lowering gives `(x @ w).t() + r` a column-major layout, so the add reads the
     product at the point it computes: it fuses, and stores through its strides."""
     args = (torch.randn(37, 53), torch.randn(53, 29), torch.randn(29, 37))
-    schedule = _schedule(_transposed_result, *args)
+    schedule = _schedule(lower, _transposed_result, *args)
     (kernel,) = _templates(schedule)
     assert len(kernel.members) == 2
     _check_values(schedule, _transposed_result, *args)
 
 
-def test_linear_bias_activation_and_residual_fuse_into_one_template() -> None:
+def test_linear_bias_activation_and_residual_fuse_into_one_template(lower: Lower) -> None:
     args = (torch.randn(37, 53), torch.randn(29, 53), torch.randn(29), torch.randn(37, 29))
-    schedule = _schedule(_linear_gelu_residual, *args)
+    schedule = _schedule(lower, _linear_gelu_residual, *args)
     assert _matmul_calls(schedule) == []
     (kernel,) = schedule.kernels
     assert kernel.matmul is not None and not kernel.matmul.tf32
@@ -92,18 +97,18 @@ def test_linear_bias_activation_and_residual_fuse_into_one_template() -> None:
     _check_values(schedule, _linear_gelu_residual, *args)
 
 
-def test_off_unless_the_codegen_renders_templates() -> None:
+def test_off_unless_the_codegen_renders_templates(lower: Lower) -> None:
     args = (torch.randn(37, 53), torch.randn(29, 53), torch.randn(29), torch.randn(37, 29))
-    cpp_like = _schedule(_linear_gelu_residual, *args, matmul_templates=False)
-    not_asked = _schedule(_linear_gelu_residual, *args, matmul_epilogues=False)
+    cpp_like = _schedule(lower, _linear_gelu_residual, *args, matmul_templates=False)
+    not_asked = _schedule(lower, _linear_gelu_residual, *args, matmul_epilogues=False)
     for schedule in (cpp_like, not_asked):
         assert _matmul_calls(schedule) == ["addmm.default"]
         assert _templates(schedule) == []
 
 
-def test_tf32_choice_reaches_the_kernel() -> None:
+def test_tf32_choice_reaches_the_kernel(lower: Lower) -> None:
     args = (torch.randn(37, 53), torch.randn(29, 53), torch.randn(29), torch.randn(37, 29))
-    (kernel,) = _schedule(_linear_gelu_residual, *args, matmul_tf32=True).kernels
+    (kernel,) = _schedule(lower, _linear_gelu_residual, *args, matmul_tf32=True).kernels
     assert kernel.matmul is not None and kernel.matmul.tf32
 
 
@@ -121,7 +126,7 @@ def _reduction_reader(x: torch.Tensor, w: torch.Tensor) -> Any:
     return (x @ w).sum(-1)
 
 
-def test_illegal_consumers_leave_the_call_to_atens() -> None:
+def test_illegal_consumers_leave_the_call_to_atens(lower: Lower) -> None:
     """A consumer reading the product at another point (transposed, shifted) or
     reducing it cannot be its epilogue; with nothing fused the call stays cuBLAS's."""
     x, w = torch.randn(37, 53), torch.randn(53, 29)
@@ -131,7 +136,7 @@ def test_illegal_consumers_leave_the_call_to_atens() -> None:
         (_reduction_reader, (x, w)),
     ]
     for fn, args in cases:
-        schedule = _schedule(fn, *args)
+        schedule = _schedule(lower, fn, *args)
         assert _matmul_calls(schedule) == ["mm.default"], fn.__name__
         assert _templates(schedule) == [], fn.__name__
         _check_values(schedule, fn, *args)
@@ -142,9 +147,9 @@ def _kept_and_fused(x: torch.Tensor, w: torch.Tensor) -> Any:
     return torch.tanh(y), y.sum(0)
 
 
-def test_product_read_elsewhere_is_stored_by_the_template() -> None:
+def test_product_read_elsewhere_is_stored_by_the_template(lower: Lower) -> None:
     args = (torch.randn(37, 53), torch.randn(53, 29))
-    schedule = _schedule(_kept_and_fused, *args)
+    schedule = _schedule(lower, _kept_and_fused, *args)
     (template,) = _templates(schedule)
     product = template.members[0]
     assert product.stored  # the column sum runs in a kernel of its own
@@ -161,27 +166,27 @@ def _bmm_scale(a: torch.Tensor, b: torch.Tensor) -> Any:
     return torch.bmm(a, b) * 0.125
 
 
-def test_plain_mm_stays_an_aten_call_and_bmm_fuses_with_a_batch_role() -> None:
+def test_plain_mm_stays_an_aten_call_and_bmm_fuses_with_a_batch_role(lower: Lower) -> None:
     x, w = torch.randn(37, 53), torch.randn(53, 29)
-    assert _matmul_calls(_schedule(_plain_mm, x, w)) == ["mm.default"]
+    assert _matmul_calls(_schedule(lower, _plain_mm, x, w)) == ["mm.default"]
     args = (torch.randn(3, 37, 53), torch.randn(3, 53, 29))
-    schedule = _schedule(_bmm_scale, *args)
+    schedule = _schedule(lower, _bmm_scale, *args)
     (kernel,) = _templates(schedule)
     roles = matmul_roles(kernel.members[0].body, len(kernel.ranges))
     assert roles is not None and roles.batch is not None
     _check_values(schedule, _bmm_scale, *args)
 
 
-def test_degenerate_and_integer_matmuls_are_left_alone() -> None:
+def test_degenerate_and_integer_matmuls_are_left_alone(lower: Lower) -> None:
     row = (torch.randn(1, 53), torch.randn(29, 53), torch.randn(29), torch.randn(1, 29))
-    assert _matmul_calls(_schedule(_linear_gelu_residual, *row)) == ["addmm.default"]
+    assert _matmul_calls(_schedule(lower, _linear_gelu_residual, *row)) == ["addmm.default"]
     ints = (torch.randint(0, 5, (37, 53)), torch.randint(0, 5, (53, 29)))
-    assert _matmul_calls(_schedule(lambda a, b: (a @ b) + 1, *ints)) == ["mm.default"]
+    assert _matmul_calls(_schedule(lower, lambda a, b: (a @ b) + 1, *ints)) == ["mm.default"]
 
 
-def test_dynamic_rows_fuse() -> None:
+def test_dynamic_rows_fuse(lower: Lower) -> None:
     args = (torch.randn(37, 53), torch.randn(29, 53), torch.randn(29), torch.randn(37, 29))
-    program = lower_fn(_linear_gelu_residual, *args, symbolic=True)
+    program = lower(_linear_gelu_residual, *args, symbolic=True)
     schedule = schedule_program(program, TEMPLATES)
     (kernel,) = schedule.kernels
     assert kernel.matmul is not None

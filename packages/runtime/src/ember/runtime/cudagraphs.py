@@ -65,6 +65,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -221,7 +222,9 @@ class _Recording:
             if isinstance(value, torch.Tensor) and _in_static_memory(value)
         }
         self.static_indices = sorted(i for i in static if isinstance(args[i], torch.Tensor))
-        _static_memory.update(args[i].untyped_storage().data_ptr() for i in self.static_indices)
+        _static_memory.register(
+            self, [args[i].untyped_storage().data_ptr() for i in self.static_indices]
+        )
         self.static_pointers: list[int | None] = [None] * len(args)
         for i in self.static_indices:
             self.static_pointers[i] = args[i].data_ptr()
@@ -318,7 +321,6 @@ class _Recording:
                 meta = _metadata(result.dtype, size, stride, offset)
                 self.plan.append(_Output("lent", meta, pointer, size, stride, offset))
                 self.lent_storages.setdefault(pointer, storage)
-                _lent_memory.add(pointer)
             elif sharing[pointer] == 1 and _fills_storage(result):
                 self.plan.append(_Output("copy", None, len(self.sources), size, stride, offset))
                 self.sources.append(result)
@@ -330,6 +332,7 @@ class _Recording:
                 index = byte_buffers[pointer]
                 meta = _metadata(result.dtype, size, stride, offset)
                 self.plan.append(_Output("bytes", meta, index, size, stride, offset))
+        _lent_memory.register(self, list(self.lent_storages))
         return aliased & copied
 
     def _fixed_strides(self, aliased: set[int]) -> None:
@@ -397,11 +400,44 @@ class _Recording:
         return self.container(out)
 
 
-# Storage addresses of every recording's lent results: a later recording reads an
+class _Addresses:
+    """Storage addresses that live recordings registered, each counted once per
+    recording: an address leaves when the last recording that registered it is
+    collected, so the set holds what the process's recordings use now, not every
+    address any recording ever had (a process that recompiles, or drops its graphs
+    with `torch._dynamo.reset()`, would otherwise grow it without end, and a stale
+    address would make a later recording read some unrelated input in place)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}
+
+    def register(self, owner: object, pointers: Sequence[int]) -> None:
+        if not pointers:
+            return
+        for pointer in pointers:
+            self._counts[pointer] = self._counts.get(pointer, 0) + 1
+        weakref.finalize(owner, self._release, tuple(pointers))
+
+    def _release(self, pointers: tuple[int, ...]) -> None:
+        for pointer in pointers:
+            left = self._counts.get(pointer, 0) - 1
+            if left > 0:
+                self._counts[pointer] = left
+            else:
+                self._counts.pop(pointer, None)
+
+    def __contains__(self, pointer: int) -> bool:
+        return pointer in self._counts
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
+# Storage addresses of the live recordings' lent results: a later recording reads an
 # input in this memory in place (a backward reading its forward's saved tensors).
-_lent_memory: set[int] = set()
-# Storage addresses of every recording's parameters and buffers (see `_Recording`).
-_static_memory: set[int] = set()
+_lent_memory = _Addresses()
+# Storage addresses of the live recordings' parameters and buffers (`_Recording`).
+_static_memory = _Addresses()
 
 
 def _in_static_memory(t: torch.Tensor) -> bool:
