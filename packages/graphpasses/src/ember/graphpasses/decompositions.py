@@ -51,6 +51,10 @@ EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
     aten.grid_sampler_2d: "bilinear/nearest sampling as indirect loads and pointwise math",
     aten.max_pool3d_with_indices: "windowed max and argmax, as the 2d pooling",
     aten.adaptive_max_pool3d: "windowed max and argmax, as the 2d pooling",
+    aten.max_pool2d_with_indices_backward: (
+        "the gradient goes back to the argmax positions: one scatter-add (float32 "
+        "accumulation for the half types), which the IR lowers"
+    ),
 }
 
 
