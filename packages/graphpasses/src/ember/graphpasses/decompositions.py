@@ -55,6 +55,10 @@ EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
         "torch 2.11's core set leaves it whole (2.15 decomposes it): a reduction over a "
         "pointwise body; found by the CUDA sweep (normalize, norm, cosine_similarity)"
     ),
+    aten.max_pool2d_with_indices_backward: (
+        "the gradient goes back to the argmax positions: one scatter-add (float32 "
+        "accumulation for the half types), which the IR lowers"
+    ),
 }
 
 

@@ -123,7 +123,6 @@ CORE_REMAINING: tuple[str, ...] = (
     "aten.masked_scatter.default",
     "aten.max.dim",
     "aten.max_pool2d_with_indices.default",
-    "aten.max_pool2d_with_indices_backward.default",
     "aten.maximum.default",
     "aten.mean.default",
     "aten.mean.dim",

@@ -17,6 +17,7 @@ from ember.ir import (  # noqa: F401
     random,
     reduction,
     scan,
+    scatters,
     sort,
     views,
 )

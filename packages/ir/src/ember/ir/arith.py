@@ -276,3 +276,40 @@ def lower_lerp(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
         return Where(op("lt", op("abs", weight), c(0.5, weight)), low, high)
 
     return elementwise(lowering, node, node.args[:3], Kind.DEFAULT, lerp)
+
+
+def _frexp(x: Node) -> tuple[Node, Node]:
+    """Mantissa (0.5 <= |m| < 1) and exponent of a float node, both in its dtype,
+    from log2 and exact scalings by powers of two. The exponent from log2 can be one
+    off next to a power of two (log2 rounds), so one step each way fixes it. The
+    scaling is two halves, so that neither power overflows for a subnormal `x`. Zero,
+    infinities and NaN give `(x, 0)`, as eager does."""
+    ax = op("abs", x)
+    special = op("logical_or", op("eq", x, c(0, x)), op("logical_not", op("isfinite", x)))
+    safe = Where(special, c(1.0, x), ax)  # log2 of 0 or inf is no exponent
+    e = op("add", op("floor", op("log2", safe)), c(1, x))
+    half = op("floor", op("mul", e, c(0.5, x)))
+    m = op("mul", op("mul", x, op("exp2", op("neg", half))), op("exp2", op("sub", half, e)))
+    big = op("ge", op("abs", m), c(1, m))
+    m = Where(big, op("mul", m, c(0.5, m)), m)
+    e = Where(big, op("add", e, c(1, e)), e)
+    small = op("lt", op("abs", m), c(0.5, m))
+    m = Where(small, op("mul", m, c(2, m)), m)
+    e = Where(small, op("sub", e, c(1, e)), e)
+    return Where(special, x, m), Where(special, c(0, e), e)
+
+
+@register_lowering(aten.frexp.Tensor)
+def lower_frexp(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, LazyTensor]:
+    x = lowering.tensor(node.args[0])
+    if not x.dtype.is_floating_point:
+        raise NotLowerable("frexp of an integer tensor")  # eager raises
+    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    load = x.loader
+
+    def part(k: int, dtype: torch.dtype) -> LazyTensor:
+        return LazyTensor(
+            x.device, dtype, x.size, lambda i: cast(_frexp(cast(load(i), compute))[k], dtype)
+        )
+
+    return part(0, x.dtype), part(1, torch.int32)

@@ -57,7 +57,18 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
     # ragged segments whose extents are data (lengths or offsets): a reduction over
     # data-dependent ranges, which the IR's loop ranges (known before running) cannot say
     "segments": ("segment_reduce", "_segment_reduce_backward"),
+    # an xor of the elements' raw bit patterns as uint64: the IR has no bit casts, no
+    # xor reduction and no uint64 arithmetic
+    "bits": ("hash_tensor",),
 }  # fmt: skip
+# torch.nn's linear + cross entropy (custom ops of the `torch_nn` namespace): they exist
+# to run the vocabulary matmul in chunks of the batch so that the whole logits tensor
+# never exists; a lowering would materialise it, and the chunks are BLAS matmuls, as
+# the "matmul" group. Absent from torch builds before they were added.
+CHUNKED_LOSSES: tuple[str, ...] = (
+    "_linear_cross_entropy_batch_chunked",
+    "_linear_cross_entropy_batch_chunked_no_reduction",
+)
 # torch.distributed's functional collectives: calls into a process group by design
 # (the issue returns at once, `wait_tensor` waits; ember.scheduler.collectives orders
 # them for overlap). Absent where torch is built without distributed.
@@ -82,6 +93,16 @@ def _onednn_ops() -> list[torch._ops.OpOverloadPacket]:
     return found
 
 
+def _chunked_loss_ops() -> list[torch._ops.OpOverloadPacket]:
+    found = []
+    with contextlib.suppress(ImportError):
+        import torch.nn.modules.linear_cross_entropy  # registers the ops
+    for name in CHUNKED_LOSSES:
+        with contextlib.suppress(AttributeError, RuntimeError):
+            found.append(getattr(torch.ops.torch_nn, name))
+    return found
+
+
 def _communication_ops() -> list[torch._ops.OpOverloadPacket]:
     found = []
     for name in COMMUNICATION:
@@ -100,5 +121,6 @@ INTENTIONAL_EXTERNS: frozenset[torch._ops.OpOverloadPacket] = frozenset(
         ),
         *_communication_ops(),
         *_onednn_ops(),
+        *_chunked_loss_ops(),
     ]
 )

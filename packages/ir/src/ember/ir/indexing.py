@@ -1,5 +1,5 @@
 """Lowerings of data-dependent indexing: index, gather, index_select, embedding
-(indirect loads) and scatter, scatter_add, scatter_reduce, index_put (indirect stores).
+(indirect loads); the indirect stores (scatters) are in ember.ir.scatters.
 
 An indirect load reads a stored buffer at an index that uses the symbols `ind0, ...`,
 each the value of an index tensor at this point (`Load.indirect`). Each index is first
@@ -8,8 +8,6 @@ is off), with the range eager accepts: `[-size, size)` with negative indices cou
 from the end for index and index_put, `[0, size)` for the others (eager raises on a
 negative embedding, gather, index_select or scatter index). The source of an
 indirect load is realized first, so the load's index is plain layout math.
-Scatters copy their destination into a fresh buffer, then a `Scatter` loop node writes
-(or accumulates) into that copy; the result is the copy's new version.
 """
 
 from __future__ import annotations
@@ -23,11 +21,10 @@ import torch.fx
 
 from ember.ir.expr import CheckIndex, Load, Node, Where
 from ember.ir.layout import Layout
-from ember.ir.loops import Pointwise, Scatter
 from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
 from ember.ir.pointwise import c, op
-from ember.ir.symbolic import indirect_var, loop_vars, simplify_index
-from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
+from ember.ir.symbolic import indirect_var, simplify_index
+from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast
 from ember.ir.views import norm_dim
 
 aten = torch.ops.aten
@@ -100,7 +97,7 @@ def indirect_load(name: str, layout: Layout, positions: Sequence[Position]) -> N
     return Load(name, index, layout.dtype, indirect=indirect)
 
 
-def _index_tensor(lowering: GraphLowering, arg: Any) -> LazyTensor:
+def index_tensor(lowering: GraphLowering, arg: Any) -> LazyTensor:
     value = lowering.tensor(arg)
     if value.dtype in (torch.bool, torch.uint8):
         raise NotLowerable("boolean mask index (data-dependent shape)")
@@ -122,7 +119,7 @@ class AdvancedIndex:
         self.node = node
         self.x_size = x_size
         self.tensors = {
-            d: _index_tensor(lowering, i) for d, i in enumerate(indices) if i is not None
+            d: index_tensor(lowering, i) for d, i in enumerate(indices) if i is not None
         }
         if not self.tensors:
             raise NotLowerable("index without index tensors")
@@ -179,7 +176,7 @@ def lower_index(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 def lower_gather(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
     dim = norm_dim(int_arg(node.args[1]), max(layout.ndim, 1))
-    index_value = _index_tensor(lowering, node.args[2])
+    index_value = index_tensor(lowering, node.args[2])
     if layout.ndim == 0:
         return LazyTensor(
             layout.device, layout.dtype, (), lambda index: Load(name, layout.offset, layout.dtype)
@@ -198,7 +195,7 @@ def lower_gather(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
 def lower_index_select(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
     dim = norm_dim(int_arg(node.args[1]), max(layout.ndim, 1))
-    index_value = _index_tensor(lowering, node.args[2])
+    index_value = index_tensor(lowering, node.args[2])
     size = lowering.out_size(node)
     if layout.ndim == 0:
         return LazyTensor(
@@ -218,7 +215,7 @@ def lower_index_select(lowering: GraphLowering, node: torch.fx.Node) -> LazyTens
 @register_lowering(aten.embedding.default)
 def lower_embedding(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
     name, layout = gather_from(lowering, node.args[0])  # type: ignore[arg-type]  # a node
-    ids = _index_tensor(lowering, node.args[1])
+    ids = index_tensor(lowering, node.args[1])
     size = lowering.out_size(node)
 
     def load(index: Index) -> Node:
@@ -226,83 +223,3 @@ def lower_embedding(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
         return indirect_load(name, layout, [row, index[-1]])
 
     return LazyTensor(layout.device, layout.dtype, size, load)
-
-
-# -- scatters ------------------------------------------------------------------------
-
-
-def fresh_copy(lowering: GraphLowering, arg: torch.fx.Node) -> tuple[str, Layout]:
-    """A new contiguous buffer holding x's values (scatters write into it)."""
-    source = lowering.tensor(arg)
-    layout = Layout.contiguous(source.device, source.dtype, source.size)
-    ref = lowering.store(Pointwise(source.size, source.loader(loop_vars(source.ndim))), layout)
-    return ref.name, layout
-
-
-_SCATTER_REDUCE = {
-    "add": "sum",
-    "sum": "sum",
-    "multiply": "prod",
-    "prod": "prod",
-    "amax": "max",
-    "amin": "min",
-}
-
-
-@register_lowering(
-    aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
-    aten.scatter_add.default, aten.scatter_reduce.two,
-)  # fmt: skip
-def lower_scatter(lowering: GraphLowering, node: torch.fx.Node) -> Any:
-    a = lowering.args(node)
-    reduce: str | None = None
-    include_self = a.get("include_self") is not False
-    if node.target is aten.scatter_add.default:
-        reduce = "sum"
-    elif a.get("reduce") is not None:
-        if a["reduce"] not in _SCATTER_REDUCE:
-            raise NotLowerable(f"scatter reduce={a['reduce']!r}")
-        reduce = _SCATTER_REDUCE[a["reduce"]]
-    index_value = _index_tensor(lowering, a["index"])
-    name, layout = fresh_copy(lowering, a["self"])
-    dim = norm_dim(int(a["dim"]), max(layout.ndim, 1))
-    src = a.get("src")
-    if isinstance(src, torch.fx.Node):
-        src_value = lowering.tensor(src)
-        src_load = src_value.loader
-    else:
-        value = const(a["value"], layout.dtype)
-        src_load = lambda index: value  # noqa: E731
-    i = loop_vars(index_value.ndim)
-    if layout.ndim == 0:
-        positions: list[Position] = []
-    else:
-        positions = list(i)
-        at = index_value.loader(i)
-        positions[dim] = checked_index(lowering, node, at, layout.size[dim], dim, wraps=False)
-    offset, indirect = address(layout, positions)
-    if not include_self:
-        # the positions written start from the reduction's identity, not from self
-        identity = {"sum": 0, "prod": 1, "max": float("-inf"), "min": float("inf")}[reduce or "sum"]
-        if not layout.dtype.is_floating_point and reduce in ("max", "min"):
-            info = torch.iinfo(layout.dtype)
-            identity = info.min if reduce == "max" else info.max
-        start = Scatter(index_value.size, offset, indirect, const(identity, layout.dtype), None)
-        name = lowering.store(start, layout, mutates=name).name
-    body = cast(src_load(i), layout.dtype)
-    loop = Scatter(index_value.size, offset, indirect, body, reduce)
-    return lowering.store(loop, layout, mutates=name)
-
-
-@register_lowering(aten.index_put.default, aten._unsafe_index_put.default)
-def lower_index_put(lowering: GraphLowering, node: torch.fx.Node) -> Any:
-    a = lowering.args(node)
-    source = lowering.tensor(a["self"])
-    plan = AdvancedIndex(lowering, node, source.size, a["indices"])
-    name, layout = fresh_copy(lowering, a["self"])
-    values = lowering.tensor(a["values"])
-    i = loop_vars(len(plan.size))
-    offset, indirect = address(layout, plan.positions(i))
-    body = cast(broadcast_loader(values, plan.size)(i), layout.dtype)
-    loop = Scatter(plan.size, offset, indirect, body, "sum" if a["accumulate"] else None)
-    return lowering.store(loop, layout, mutates=name)

@@ -24,8 +24,8 @@ from ember.ir.loops import Reduction, reduction_dtype
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.symbolic import index_var, product
-from ember.ir.tensor import Index, LazyTensor, cast, const
-from ember.ir.views import norm_dim
+from ember.ir.tensor import Index, LazyTensor, broadcast_loader, cast, const
+from ember.ir.views import norm_dim, reshape_map, view_of
 
 aten = torch.ops.aten
 
@@ -265,3 +265,47 @@ def lower_softmax(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
         val.device, val.dtype, source.size,
         lambda index: cast(op("sub", shifted(index), op("log", total(index))), val.dtype),
     )  # fmt: skip
+
+
+@register_lowering(aten._trilinear.default)
+def lower_trilinear(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    """`_trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim)` (what `bilinear`
+    becomes): each input gets size-1 dims at its `expand` positions, the three are
+    multiplied, broadcast together, and summed over `sumdim`. One reduction over a
+    pointwise product; eager's bmm-based kernel computes the same sums."""
+    a = lowering.args(node)
+    inputs = [lowering.tensor(a[k]) for k in ("i1", "i2", "i3")]
+    expands = [[int(d) for d in a[k]] for k in ("expand1", "expand2", "expand3")]
+    ndim = inputs[0].ndim + len(expands[0])
+    spread: list[LazyTensor] = []
+    for value, added in zip(inputs, expands, strict=True):
+        if value.ndim + len(added) != ndim:
+            raise NotLowerable("_trilinear inputs of different ranks")
+        kept = [d for d in range(ndim) if d not in added]
+        size = [sympy.Integer(1)] * ndim
+        for d, s in zip(kept, value.size, strict=True):
+            size[d] = s
+        spread.append(view_of(value, size, _pick(kept)))
+    full: list[sympy.Expr] = []
+    for d in range(ndim):
+        sizes = [t.size[d] for t in spread if t.size[d] != 1]
+        full.append(sizes[0] if sizes else sympy.Integer(1))
+    dtype = acc_dtype(inputs[0].dtype)
+    loads = [broadcast_loader(t, tuple(full)) for t in spread]
+
+    def triple(index: Index) -> Node:
+        x, y, z = (cast(load(index), dtype) for load in loads)
+        return op("mul", op("mul", x, y), z)
+
+    source = LazyTensor(inputs[0].device, dtype, tuple(full), triple)
+    summed = reduce(lowering, source, sorted({int(d) for d in a["sumdim"]}), "sum", dtype)
+    out = lowering.out_size(node)
+    val = lowering.out_val(node)
+    shaped = view_of(summed, out, reshape_map(summed.size, out))
+    load = shaped.loader
+    return LazyTensor(val.device, val.dtype, out, lambda index: cast(load(index), val.dtype))
+
+
+def _pick(dims: Sequence[int]) -> Any:
+    """An index map keeping the coordinates of `dims` (dropping the added size-1 dims)."""
+    return lambda index: [index[d] for d in dims]

@@ -1,0 +1,124 @@
+"""Compiled C++ kernels of index_reduce, scatter_reduce's mean, put, masked_scatter,
+as_strided_scatter, frexp, bilinear and max_pool2d's backward against the IR
+interpreter and eager: duplicate indices, bfloat16, empty inputs, and eager's error
+for an index out of range. One compile for all the cases."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cpp_harness import Case, compile_cases, exact_ir_evaluation, leaves, run_compiled, trace_cases
+
+from ember.ir import run_program
+
+aten = torch.ops.aten
+G = torch.Generator().manual_seed(0)
+X = torch.randn(40, 7, generator=G)
+SRC = torch.randn(60, 7, generator=G)
+DUPS = torch.randint(0, 40, (60,), generator=G)  # ~20 rows of 40 hit more than once
+MASK = torch.rand(40, 7, generator=G) > 0.4
+POOLED = F.max_pool2d(torch.randn(2, 3, 9, 9, generator=G), 3, 2, 1, return_indices=True)
+
+
+def _pool_backward(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    return aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, i)
+
+
+CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
+    "index_reduce": (
+        lambda x, i, s: (
+            x.index_reduce(0, i, s, "mean"),
+            x.index_reduce(0, i, s, "amax", include_self=False),
+            x.index_reduce(0, i, s * 0.1 + 1, "prod"),
+            x.index_reduce(1, i[:3] % 7, s[:40, :3], "amin"),
+        ),
+        (X, DUPS, SRC),
+        False,
+    ),
+    "index_reduce_bf16": (
+        lambda x, i, s: x.index_reduce(0, i, s, "mean", include_self=False),
+        (X.bfloat16(), DUPS, SRC.bfloat16()),
+        False,
+    ),
+    "scatter_mean": (
+        lambda x, i, s: (
+            x.scatter_reduce(0, i, s, "mean"),
+            x.scatter_reduce(0, i, s, "mean", include_self=False),
+        ),
+        (X, DUPS[:42].view(6, 7), SRC[:6]),
+        False,
+    ),
+    "put": (  # distinct positions (negative ones too) and repeated ones accumulated
+        lambda x, i, d, s: (x.put(i - 280, s), x.put(d, s, accumulate=True)),
+        (X, torch.randperm(280, generator=G)[:90].view(10, 9),
+         torch.randint(0, 280, (90,), generator=G), torch.randn(90, generator=G)),
+        False,
+    ),
+    "put_empty": (
+        lambda x, i, s: x.put(i, s, accumulate=True),
+        (X, torch.zeros(0, dtype=torch.int64), torch.zeros(0)),
+        False,
+    ),
+    "masked_scatter": (
+        lambda x, m, s: (x.masked_scatter(m, s), x.masked_scatter(m[3], s)),
+        (X, MASK, torch.randn(300, generator=G)),
+        False,
+    ),
+    "as_strided_scatter": (
+        lambda x, s: x.as_strided_scatter(s, (5, 3), (14, 2), 3),
+        (X, torch.randn(5, 3, generator=G)),
+        False,
+    ),
+    "frexp": (
+        lambda x: (torch.frexp(x * 1e30), torch.frexp(x * 1e-40), torch.frexp(x.bfloat16())),
+        (X,),
+        False,
+    ),
+    "bilinear": (
+        lambda a, b, w: F.bilinear(a, b, w),
+        (X[:9, :5].contiguous(), SRC[:9, :6].contiguous(), torch.randn(4, 5, 6, generator=G)),
+        False,
+    ),
+    "pool_backward": (_pool_backward, (torch.randn_like(POOLED[0]), torch.randn(2, 3, 9, 9),
+                                       POOLED[1]), False),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _patched_ir_evaluate() -> Iterator[None]:
+    yield from exact_ir_evaluation()
+
+
+@pytest.fixture(scope="module")
+def traced(_patched_ir_evaluate: None) -> dict[str, Case]:
+    return trace_cases(CASES)
+
+
+@pytest.fixture(scope="module")
+def compiled(traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return compile_cases(traced, tmp_path_factory.mktemp("cpp-scatter-cache"))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scatter_kernels_match_interpreter_and_eager(
+    name: str, traced: dict[str, Case], compiled: dict[str, Any]
+) -> None:
+    case = traced[name]
+    assert case.kernels
+    assert not case.program.fallback_ops  # only views of results stay ATen calls
+    got = leaves(run_compiled(case, compiled, case.args))
+    oracle = leaves(run_program(case.program, [a.clone() for a in case.args]))
+    eager = leaves(case.fn(*[a.clone() for a in case.args]))
+    for g, o, e in zip(got, oracle, eager, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        tol = {"rtol": 1e-5, "atol": 1e-5}
+        if g.dtype == torch.bfloat16:
+            tol = {"rtol": 1e-2, "atol": 1e-2}
+        if name == "frexp" or not g.dtype.is_floating_point:
+            tol = {"rtol": 0, "atol": 0}
+        torch.testing.assert_close(g, o, equal_nan=True, **tol)  # type: ignore[arg-type]
+        torch.testing.assert_close(g, e, equal_nan=True, **tol)  # type: ignore[arg-type]
