@@ -360,6 +360,37 @@ def test_extern_arguments_are_views_not_copies_and_outputs_never_alias_them() ->
     assert wt.untyped_storage().data_ptr() != w.untyped_storage().data_ptr()
 
 
+def test_matmuls_reading_one_value_and_its_transpose_share_one_copy() -> None:
+    # A backward's gradient read by two matmuls, as it is and transposed (after a cast
+    # and a contiguous clone): one stored copy, the transpose passed as a view of it.
+    def fn(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        flat = g.to(torch.float64).permute(1, 0, 2).contiguous().view(8, 12)
+        return flat.t() @ a, flat @ b
+
+    g, a, b = torch.randn(3, 8, 4), torch.randn(8, 5).double(), torch.randn(12, 6).double()
+    program = lower(fn, g, a, b)
+    assert len(computed(program)) == 1  # the cast, stored once
+    views = [n for n in program.extern_kernels() if n.op == torch.ops.aten.as_strided.default]
+    assert len(views) == 2  # each matmul reads the copy through a view
+    first, second = run_program(program, [g, a, b])
+    expected = fn(g, a, b)
+    torch.testing.assert_close(first, expected[0])
+    torch.testing.assert_close(second, expected[1])
+
+
+def test_a_sliced_view_of_a_computed_value_is_still_stored_alone() -> None:
+    # The view reads part of the value: storing the whole value for it would compute
+    # more than the view needs, so only the slice is stored.
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x * 2)[:, :4] @ w
+
+    x, w = torch.randn(6, 16), torch.randn(4, 3)
+    program = lower(fn, x, w)
+    (stored,) = computed(program)
+    assert tuple(int(s) for s in stored.layout.size) == (6, 4)
+    torch.testing.assert_close(run_program(program, [x, w])[0], fn(x, w))
+
+
 def test_residual_stream_is_stored_not_reread() -> None:
     """h = h + f(h) per layer, each sum read by a norm and by the next sum: once a
     shared value reads more than `realize_reads` buffers it is stored, so no loop

@@ -25,7 +25,7 @@ from __future__ import annotations
 import keyword
 import logging
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -37,7 +37,7 @@ from torch.utils._sympy.functions import FloorDiv
 from ember.graphpasses.effects import storage_key
 from ember.ir.errors import LoweringError
 from ember.ir.errors import NotLowerable as NotLowerable
-from ember.ir.expr import Load, Op, Rand, may_divide_by_zero, walk
+from ember.ir.expr import Load, Node, Op, Rand, may_divide_by_zero, walk
 from ember.ir.externs import INTENTIONAL_EXTERNS as INTENTIONAL_EXTERNS
 from ember.ir.layout import Layout
 from ember.ir.loops import Loop, Pointwise
@@ -56,8 +56,8 @@ from ember.ir.nodes import (
     returns_view,
 )
 from ember.ir.program import Program
-from ember.ir.symbolic import as_expr, loop_vars, simplify_index, size_hint
-from ember.ir.tensor import LazyTensor, buffer_loader
+from ember.ir.symbolic import as_expr, loop_vars, product, simplify_index, size_hint
+from ember.ir.tensor import Index, LazyTensor, buffer_loader
 
 log = logging.getLogger("ember.ir")
 aten = torch.ops.aten
@@ -459,8 +459,8 @@ class GraphLowering:
         kernel = ExternKernel(
             name=self._new_name("buf"),
             op=node.target,
-            args=tuple(self._extern_arg(a) for a in node.args),
-            kwargs=tuple((k, self._extern_arg(v)) for k, v in node.kwargs.items()),
+            args=tuple(self._extern_arg(a, node.target) for a in node.args),
+            kwargs=tuple((k, self._extern_arg(v, node.target)) for k, v in node.kwargs.items()),
             outputs=outputs,
             multi=multi,
             symbol=symbol,
@@ -476,22 +476,60 @@ class GraphLowering:
             return symbol
         return BufferRef(kernel.name)
 
-    def _extern_arg(self, arg: Any) -> Any:
+    def _extern_arg(self, arg: Any, op: Any = None) -> Any:
         """An extern's argument: a lazy value that only reads a stored buffer through an
         affine index (a transpose, slice, expand...) is passed as a strided view of that
         buffer instead of being copied: ATen kernels take any strides (matmul reads a
         transposed weight directly), and every Linear layer would otherwise copy its
-        weight on every call. Arguments the op writes are never views (see
-        `_check_extern_mutation`)."""
+        weight on every call. A view of a computed value is passed the same way over
+        that value once it is stored (`_view_of_source`). Arguments the op writes are
+        never views (see `_check_extern_mutation`)."""
         if isinstance(arg, (list, tuple)):
-            return tuple(self._extern_arg(a) for a in arg)
+            return tuple(self._extern_arg(a, op) for a in arg)
         if isinstance(arg, torch.fx.Node) and self.options.loops:
             value = self.env[arg]
             if isinstance(value, LazyTensor) and value.realized is None:
                 view = self._strided_view(value)
+                if view is None:
+                    view = self._view_of_source(value, op)
                 if view is not None:
                     return view
         return self._convert(arg)
+
+    def _view_of_source(self, value: LazyTensor, op: Any) -> BufferRef | None:
+        """`value`, a view (or chain of views) of a computed value, passed as a strided
+        view of that value's buffer: of the nearest one already stored, or, for a
+        matrix product (which reads either operand transposed at no cost), of the
+        chain's source, stored now when the views read all of it (a permute or a
+        reshape, not a slice). A backward's matmuls read one gradient both as it is
+        and transposed (T5's attention: `clone -> view -> mm` and `permute -> mm`);
+        storing each view on its own made two copies of the same cast."""
+        maps: list[Callable[[Index], Sequence[sympy.Expr]]] = []
+        source = value
+        while source.realized is None and source.view_source is not None:
+            assert source.view_map is not None
+            maps.append(source.view_map)
+            source = source.view_source
+        if source is value:
+            return None
+        if source.realized is None:
+            if op not in _TRANSPOSING_PRODUCTS or not _same_numel(value, source):
+                return None
+            trial = Layout.contiguous(source.device, source.dtype, source.size)
+            if source.stride_hint is not None:
+                trial = Layout(source.device, source.dtype, source.size, source.stride_hint)
+            if _affine_view(_through(value, maps, "__source__", trial)) is None:
+                return None  # a reshape that splits a dimension unevenly: store the view
+            self.realize(source)
+        assert source.realized is not None
+        name = self.current(source.realized).name
+        layout = self.layouts.get(name)
+        if layout is None:
+            return None
+        view = self._strided_view(_through(value, maps, name, layout))
+        if view is not None:
+            value.realized = view
+        return view
 
     def _aliases(self, value: torch.Tensor, name: str) -> bool:
         """Whether the graph value `value` lives in the storage of input `name`."""
@@ -499,22 +537,12 @@ class GraphLowering:
         return storage is not None and self._input_storages.get(name) == storage
 
     def _strided_view(self, value: LazyTensor) -> BufferRef | None:
-        body = value.body()
-        if not isinstance(body, Load) or body.mask is not None or body.indirect:
+        found = _affine_view(value)
+        if found is None:
             return None
-        layout = self.layouts.get(body.buffer)
+        buffer, strides, offset = found
+        layout = self.layouts.get(buffer)
         if layout is None or layout.dtype != value.dtype:
-            return None
-        index = sympy.expand(body.index)
-        variables = loop_vars(len(value.size))
-        strides = [sympy.expand(sympy.diff(index, v)) for v in variables]
-        offset = sympy.expand(index.xreplace(dict.fromkeys(variables, sympy.Integer(0))))
-        affine = sympy.expand(
-            index
-            - offset
-            - sum((c * v for c, v in zip(strides, variables, strict=True)), sympy.Integer(0))
-        )
-        if affine != 0 or any(c.free_symbols & set(variables) for c in strides):
             return None
         if any(c.is_number and c < 0 for c in (*strides, offset)):
             return None
@@ -523,7 +551,7 @@ class GraphLowering:
         view = ExternKernel(
             name=self._new_name("buf"),
             op=torch.ops.aten.as_strided.default,
-            args=(BufferRef(body.buffer), tuple(value.size), tuple(strides), offset),
+            args=(BufferRef(buffer), tuple(value.size), tuple(strides), offset),
             kwargs=(),
             outputs=(Layout(value.device, value.dtype, tuple(value.size), tuple(strides), offset),),
             origin=self.current_node.name if self.current_node is not None else "",
@@ -983,3 +1011,57 @@ def _lazy_values(tree: Any) -> list[LazyTensor]:
     if isinstance(tree, (tuple, list)):
         return [v for item in tree for v in _lazy_values(item)]
     return []
+
+
+# Extern ops that read an operand through any two strides without a copy (cuBLAS
+# takes either operand transposed): `_view_of_source` may store a view's source for them.
+_TRANSPOSING_PRODUCTS = frozenset(
+    {
+        torch.ops.aten.mm.default,
+        torch.ops.aten.bmm.default,
+        torch.ops.aten.addmm.default,
+        torch.ops.aten.baddbmm.default,
+    }
+)
+
+
+def _same_numel(a: LazyTensor, b: LazyTensor) -> bool:
+    return bool(sympy.expand(product(a.size) - product(b.size)) == 0)
+
+
+def _through(
+    value: LazyTensor,
+    maps: Sequence[Callable[[Index], Sequence[sympy.Expr]]],
+    buffer: str,
+    layout: Layout,
+) -> LazyTensor:
+    """`value` read from `buffer` (laid out as `layout`) through the view maps that
+    lead from `value` to the value stored there."""
+    load = buffer_loader(buffer, layout)
+
+    def loader(index: Index) -> Node:
+        for index_map in maps:
+            index = index_map(index)
+        return load(index)
+
+    return LazyTensor(value.device, value.dtype, value.size, loader, stride_hint=value.stride_hint)
+
+
+def _affine_view(value: LazyTensor) -> tuple[str, list[sympy.Expr], sympy.Expr] | None:
+    """(buffer, strides, offset) where `value` reads one buffer at an affine index of
+    its loop variables, else None."""
+    body = value.body()
+    if not isinstance(body, Load) or body.mask is not None or body.indirect:
+        return None
+    index = sympy.expand(body.index)
+    variables = loop_vars(len(value.size))
+    strides = [sympy.expand(sympy.diff(index, v)) for v in variables]
+    offset = sympy.expand(index.xreplace(dict.fromkeys(variables, sympy.Integer(0))))
+    affine = sympy.expand(
+        index
+        - offset
+        - sum((c * v for c, v in zip(strides, variables, strict=True)), sympy.Integer(0))
+    )
+    if affine != 0 or any(c.free_symbols & set(variables) for c in strides):
+        return None
+    return body.buffer, strides, offset

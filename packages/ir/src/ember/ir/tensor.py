@@ -44,6 +44,11 @@ class LazyTensor:
     # The FX nodes whose computation the body holds, in graph order (provenance: set
     # by GraphLowering once the node that made the value is lowered).
     origins: tuple[str, ...] = ()
+    # For a view (ember.ir.views.view_of): the value it reads and the map from its
+    # index to that value's index. Lowering uses them to pass an extern a strided view
+    # of the source once the source is stored, instead of storing a second copy.
+    view_source: LazyTensor | None = field(default=None, repr=False)
+    view_map: Callable[[Index], Sequence[sympy.Expr]] | None = field(default=None, repr=False)
     _body: Node | None = field(default=None, repr=False)
     _buffers: frozenset[str] | None = field(default=None, repr=False)
 

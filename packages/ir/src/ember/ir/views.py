@@ -32,7 +32,12 @@ def view_of(source: LazyTensor, size: Sequence[sympy.Expr], index_map: IndexMap)
     """A LazyTensor reading `source` at `index_map(index)`."""
     load = source.loader
     return LazyTensor(
-        source.device, source.dtype, tuple(size), lambda index: load(index_map(index))
+        source.device,
+        source.dtype,
+        tuple(size),
+        lambda index: load(index_map(index)),
+        view_source=source,
+        view_map=index_map,
     )
 
 
