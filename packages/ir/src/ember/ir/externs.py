@@ -11,6 +11,7 @@ fallback. `python -m ember.ir.coverage` counts the overloads of each category.
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import torch
 
@@ -96,7 +97,9 @@ def _onednn_ops() -> list[torch._ops.OpOverloadPacket]:
 def _chunked_loss_ops() -> list[torch._ops.OpOverloadPacket]:
     found = []
     with contextlib.suppress(ImportError):
-        import torch.nn.modules.linear_cross_entropy  # registers the ops
+        # registers the ops where torch has them (2.15; not 2.11). Imported by name:
+        # an `import torch.nn...` statement would make `torch` a local of this function
+        importlib.import_module("torch.nn.modules.linear_cross_entropy")
     for name in CHUNKED_LOSSES:
         with contextlib.suppress(AttributeError, RuntimeError):
             found.append(getattr(torch.ops.torch_nn, name))
