@@ -12,6 +12,11 @@ rule, then times with `triton.testing.do_bench` medians:
 - `inductor` (with `--inductor`): `torch.compile(mode="max-autotune-no-cudagraphs")`
   of the same function; its autotuning costs minutes, hence off by default.
 
+Then what `EMBER_MATMUL_TEMPLATES=auto` chooses for the shape (ember.runtime.
+matmul_choice: `auto`, template or cuBLAS) and its epilogue model next to the
+epilogue measured here (`epi us model/measured`: the copy of the epilogue's bytes it
+times, and `cublas+epi` minus `cublas`).
+
 TFLOP/s counts 2*M*N*K per call for every column. The table prints last.
 
     python benchmarks/matmul_templates.py              # GPU, all nine shapes
@@ -113,6 +118,17 @@ def ember_call(
     return call, time.perf_counter() - start
 
 
+def auto_choice(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, cache: Path) -> Any:
+    """What EMBER_MATMUL_TEMPLATES=auto decides for `linear_gelu` on these inputs."""
+    from ember.runtime.matmul_choice import CudaMatmulTimer, choose_matmuls
+
+    gm = make_fx(linear_gelu, decomposition_table=ember_decompositions())(x, w, b)
+    program = lower_graph(gm, options=LoweringOptions(loops=True))
+    _, decisions = choose_matmuls(program, TEMPLATES, TRITON_CHOICES, CudaMatmulTimer(cache))
+    (decision,) = decisions
+    return decision
+
+
 def _role(kernel: FusedKernel, name: str) -> str:
     """Which input a buffer of the lowered graph is: x (read along K with a stride
     along M), the weight (read along K with a stride along N) or the bias."""
@@ -159,6 +175,12 @@ def run_shape(
         compiled(x, w, b)
         timings["inductor"] = bench(lambda: compiled(x, w, b), cpu)
     check = "ok" if verdict.ok else f"WRONG ({verdict.reason})"
+    if not cpu:
+        decision = auto_choice(x, w, b, cache)
+        measured_us = (timings["cublas+epi"] - timings["cublas"]) * 1e3
+        model_us = decision.timing.epilogue_ms * 1e3 if decision.timing else float("nan")
+        auto = "template" if decision.template else "cuBLAS"
+        check += f"  auto={auto}  epi us model/measured={model_us:.1f}/{measured_us:.1f}"
     return timings, seconds, check
 
 

@@ -60,7 +60,42 @@ def test_grouped_tiles_ragged_masks_and_the_weight_read_through_its_strides() ->
     source = _render(_linear_gelu, *_args(torch.float32)).source
     assert "rows = tl.minimum(ytiles - first, 8)" in source
     assert "rmask = (start + rbase) < rnumel" in source  # K = 53: ragged
-    assert "+ rbase[:, None] * (1) + xindex * (53)" in source  # w.t(): K stride 1, N stride 53
+    # M = 37 and N = 29 overhang their tiles: the operands read wrapped rows/columns,
+    # so the K loop masks its loads along K alone
+    assert "arow = yindex % ynumel" in source and "bcol = xindex % xnumel" in source
+    assert "a = tl.load(a_ptrs, mask=rmask[None, :], other=0.0)" in source
+    assert "b = tl.load(b_ptrs, mask=rmask[:, None], other=0.0)" in source
+    assert "+ rbase[:, None] * (1) + bcol * (53)" in source  # w.t(): K stride 1, N stride 53
+
+
+def test_sizes_every_block_divides_load_without_masks() -> None:
+    x, w, b = torch.randn(256, 128), torch.randn(512, 128), torch.randn(512)
+    rendered = _render(_linear_gelu, *(t.to(torch.bfloat16) for t in (x, w, b)))
+    source = rendered.source
+    assert "arow = yindex\n" in source and "bcol = xindex\n" in source
+    assert "a = tl.load(a_ptrs)\n" in source and "b = tl.load(b_ptrs)\n" in source
+    assert "rmask" not in source
+    # the stores keep their masks (the epilogue is the same for every tile)
+    assert "ymask & xmask" in source
+
+
+def test_few_tiles_try_smaller_tiles_first_and_large_products_hopper_tiles() -> None:
+    def first(m: int, n: int) -> tuple[int, int, int, int]:
+        x, w, b = torch.randn(m, 64), torch.randn(n, 64), torch.randn(n)
+        config = _render(_linear_gelu, *(t.to(torch.bfloat16) for t in (x, w, b))).configs[0]
+        return (
+            config.block("YBLOCK"),
+            config.block("XBLOCK"),
+            config.block("RBLOCK"),
+            (config.num_warps),
+        )
+
+    assert first(256, 512) == (64, 128, 64, 4)  # 2 x 4 tiles of 128 x 128
+    assert first(2048, 1024) == (128, 128, 64, 8)  # 16 x 8 tiles: a full wave
+    x, w, b = torch.randn(2048, 64), torch.randn(1024, 64), torch.randn(1024)
+    configs = _render(_linear_gelu, *(t.to(torch.bfloat16) for t in (x, w, b))).configs
+    assert any(c.block("XBLOCK") == 256 and c.num_warps == 8 for c in configs)
+    assert all(c.num_stages >= 3 for c in configs)
 
 
 def test_configs_fit_the_problem_and_the_grid_counts_tiles() -> None:

@@ -95,6 +95,8 @@ CASES: dict[str, Case] = {
     ),
     # K = 64: every config's RBLOCK divides it, so the K loop runs without a K mask
     "linear_relu_even_k": (_linear_relu, _randn((40, 64), (48, 64), (48,)), {"atol": 1e-4}),
+    # M, N and K divide every config's blocks: no mask in the K loop at all
+    "linear_relu_even_all": (_linear_relu, _randn((64, 64), (32, 64), (32,)), {"atol": 1e-4}),
     "mm_product_kept": (_mm_kept, _randn((37, 53), (53, 29)), {"atol": 1e-4}),
     "bmm_relu_cast": (_bmm_relu_cast, _randn((3, 37, 53), (3, 53, 29)), BF16),
     "linear_silu_dynamic": (

@@ -45,14 +45,17 @@ from ember.runtime.kernels import (
     Launcher,
     Records,
     compile_kernels,
+    measures_matmuls,
     scheduling_choices,
     sort_limits,
+    template_choices,
     unsupported_ops,
     wants_loops,
 )
 from ember.runtime.layouts import input_records
 from ember.runtime.loader import load_module, write_source
 from ember.runtime.logs import setup_logging, trace_artifact, tracing
+from ember.runtime.matmul_choice import CudaMatmulTimer, choose_matmuls
 from ember.runtime.profiling import StepTimer
 from ember.runtime.wrapper import generate_wrapper
 from ember.scheduler import ExternCall, Schedule, schedule_program
@@ -92,6 +95,8 @@ class CompileRecord:
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
     cudagraphs: str = "off"  # whether its calls replay CUDA graphs, or why not
+    # EMBER_MATMUL_TEMPLATES=auto: template or cuBLAS for each matmul, and the times
+    matmul_choices: list[str] = field(default_factory=list)
     # what it compiled to, while the compiled graph lives (ember.runtime.artifact:
     # `record.artifact.save(dir)`); weak, so the records kept for reports do not keep
     # every graph's kernels loaded
@@ -315,9 +320,18 @@ def _build(
         program = lower_graph(gm, name=name, options=options)
         verify(program)
     _dump(debug, "ir.txt", lambda: format_program(program), name)
+    measured = measures_matmuls(records, config.kernels, config.matmul_templates)
+    templates = template_choices(records) if measured else None
     with _timed(record, "scheduling"):
         choices = scheduling_choices(records, config.matmul_templates)
-        schedule = schedule_program(program, choices)
+        if templates is None:
+            schedule = schedule_program(program, choices)
+    if templates is not None:
+        # EMBER_MATMUL_TEMPLATES=auto: a template for each matmul that measures faster
+        with _timed(record, "matmul choice"):
+            timer = CudaMatmulTimer(config.cache_dir / "kernels")
+            schedule, decisions = choose_matmuls(program, templates, choices, timer)
+            record.matmul_choices = [d.describe() for d in decisions]
     _dump(debug, "schedule.txt", schedule.format, name)
     if not schedule.kernels:
         return program, schedule, {}

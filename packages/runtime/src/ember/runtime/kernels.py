@@ -98,18 +98,42 @@ def scheduling_choices(records: Records, matmul_templates: str = "off") -> Devic
     """The scheduler's device-specific choices: the codegen's own for a graph on one
     device type (the first device's, with several GPUs), the defaults otherwise.
 
-    `matmul_templates` (EMBER_MATMUL_TEMPLATES) turns matmul templates with fused
-    epilogues on where the codegen renders them (`DeviceChoices.matmul_templates`:
-    Triton's), with float32 products exact unless torch allows TF32 now. 'auto'
-    leaves them off: the compile-time benchmark that would pick them per matmul
-    against cuBLAS does not exist yet."""
+    `matmul_templates` (EMBER_MATMUL_TEMPLATES) 'on' turns matmul templates with fused
+    epilogues on where the codegen renders them (`template_choices`). 'auto' leaves
+    them off here: the compiler measures each matmul and asks for the templates that
+    win (ember.runtime.matmul_choice)."""
     if len({r.type for r in records.values()}) != 1:
         return DEFAULT_CHOICES
+    if matmul_templates == "on":
+        templates = template_choices(records)
+        if templates is not None:
+            return templates
+    return min(records.values(), key=lambda r: str(r.device)).choices
+
+
+def template_choices(records: Records) -> DeviceChoices | None:
+    """The choices with matmul templates on (float32 products exact unless torch
+    allows TF32 now), or None where the graph's codegen renders none."""
+    if len({r.type for r in records.values()}) != 1:
+        return None
     choices = min(records.values(), key=lambda r: str(r.device)).choices
-    if matmul_templates == "on" and choices.matmul_templates:
-        tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-        choices = replace(choices, matmul_epilogues=True, matmul_tf32=tf32)
-    return choices
+    if not choices.matmul_templates:
+        return None
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    return replace(choices, matmul_epilogues=True, matmul_tf32=tf32)
+
+
+def measures_matmuls(records: Records, mode: str, matmul_templates: str) -> bool:
+    """Whether EMBER_MATMUL_TEMPLATES=auto measures this graph's matmuls: generated
+    kernels on CUDA GPUs whose codegen renders templates, compiled (not run by
+    Triton's interpreter, whose times say nothing)."""
+    if matmul_templates != "auto" or mode != "auto" or not records:
+        return False
+    if any(r.type != "cuda" for r in records.values()) or template_choices(records) is None:
+        return False
+    from ember.runtime.triton_kernels import interpreting
+
+    return torch.cuda.is_available() and not interpreting()
 
 
 def wants_loops(records: Records, mode: str) -> bool:

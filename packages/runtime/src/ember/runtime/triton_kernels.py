@@ -505,6 +505,19 @@ class TritonLauncher:
         if not launch(tensors):
             self._slow_call(args, launch)
 
+    def benchmark(self, tensors: Sequence[torch.Tensor], sizes: list[int]) -> float:
+        """Milliseconds of one launch on `tensors` (which it writes) with the config
+        tuning chooses for these sizes: tuned now, as a first call would, and kept,
+        so the first call with these sizes and dtypes does not tune again."""
+        key = (self.digest, tuple(sizes), tuple(t.dtype for t in tensors))
+        wide = any(abs(s) > _INT32_MAX for s in sizes)
+        config = _chosen.get(key) or self._tune(tensors, sizes, wide)
+        _chosen[key] = config
+        launch = self._bind(Variant(config, wide), tensors, sizes)
+        if not launch(tensors):  # a buffer not 16-byte aligned
+            launch = self._bind(Variant(config, wide, aligned=False), tensors, sizes)
+        return launch_ms(functools.partial(launch, tensors))
+
     def _bind(self, variant: Variant, tensors: Sequence[torch.Tensor], sizes: list[int]) -> _Bound:
         device = tensors[0].device
         function, binary = self.function(variant, device)
@@ -702,7 +715,7 @@ class TritonLauncher:
                 continue
             if not launch(tensors):  # not aligned: time the unaligned variant
                 launch = self._bind(Variant(candidate, wide, aligned=False), tensors, sizes)
-            ms = _time(functools.partial(launch, tensors))
+            ms = launch_ms(functools.partial(launch, tensors))
             if ms < best_ms:
                 best, best_ms = candidate, ms
         if best is None:
@@ -862,8 +875,10 @@ def _aliased(tensors: Sequence[torch.Tensor]) -> bool:
     return len(set(pointers)) != len(pointers)
 
 
-def _time(run: Callable[[], object], repeats: int = 10) -> float:
-    """Median milliseconds of `run` on the current stream (after a compile + warm-up)."""
+def launch_ms(run: Callable[[], object], repeats: int = 10) -> float:
+    """Median milliseconds of `run` on the current stream (after a compile + warm-up):
+    its launches queued back to back between events, so the host's launch time stays
+    out of the device's where the device is the slower."""
     run()
     run()
     start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub

@@ -147,6 +147,8 @@ class Schedule:
     steps: list[Step]
     memory: MemoryPlan
     fusion_notes: list[FusionNote] = field(default_factory=list)
+    # matmul kernel name -> the ATen matmul call it replaces (ember.scheduler.epilogue)
+    matmuls: dict[str, str] = field(default_factory=dict)
 
     @property
     def kernel_count(self) -> int:

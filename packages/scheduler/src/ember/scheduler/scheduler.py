@@ -22,7 +22,9 @@ from ember.scheduler.split import split_reductions
 from ember.scheduler.views import read_through_views
 
 
-def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES) -> Schedule:
+def schedule_program(
+    program: Program, choices: DeviceChoices = DEFAULT_CHOICES, keep: frozenset[str] = frozenset()
+) -> Schedule:
     """Split the reductions `choices` asks for, fuse the program's loop nodes into
     kernels, order the steps, plan memory.
 
@@ -33,10 +35,11 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
     schedule's `program` is the one its kernels compute: `program` itself, or a copy
     with split reductions (ember.scheduler.split) and their partial buffers, and
     with the matmul calls that `choices` turn into templates as loop nodes
-    (ember.scheduler.epilogue).
+    (ember.scheduler.epilogue), but the calls named in `keep`, which stay ATen calls
+    (the runtime keeps those its measurements found faster unfused). The schedule's
+    `matmuls` names the call each matmul kernel replaces.
     """
     split = split_reductions(program, choices)
-    keep: frozenset[str] = frozenset()  # matmul calls left to ATen
     while True:
         program, products = template_matmuls(split, choices, keep)
         program = read_through_views(program)
@@ -66,7 +69,10 @@ def schedule_program(program: Program, choices: DeviceChoices = DEFAULT_CHOICES)
             raise TypeError(f"cannot schedule {type(node).__name__} {node.name!r}")
     steps = overlap_collectives(program, steps)
     notes = fusion_notes(fuser, groups, kernels)
-    return Schedule(program, steps, plan_memory(program, steps), notes)
+    matmuls = {
+        k.name: products[k.members[0].name] for k in kernels.values() if k.matmul is not None
+    }
+    return Schedule(program, steps, plan_memory(program, steps), notes, matmuls)
 
 
 def fusion_notes(

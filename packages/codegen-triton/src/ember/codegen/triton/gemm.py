@@ -4,8 +4,12 @@ output tile before it is stored (a matmul kernel, ember.scheduler.kernel).
 Each program computes one [YBLOCK, XBLOCK] tile of C = A @ B (y: M, x: N; with a
 batch dimension, one tile of one batch entry): it walks K in steps of RBLOCK, loads an
 [YBLOCK, RBLOCK] block of A and an [RBLOCK, XBLOCK] block of B through their strides
-(any strides: a Linear's transposed weight is read in place), masked at the ragged
-edges, and accumulates `tl.dot` products in float32. float32 operands multiply
+(any strides: a Linear's transposed weight is read in place), and accumulates `tl.dot`
+products in float32. The loop is the shape Triton software-pipelines (`num_stages`
+blocks in flight): pointers advanced by a constant step, and no mask on its loads
+where every config's RBLOCK divides K. Rows of A and columns of B are not masked
+either: a tile that overhangs M or N reads wrapped rows (`% ynumel`, real ones, as
+Triton's matmul tutorial does) whose results the stores' masks drop. float32 operands multiply
 exactly (`input_precision="ieee"`) unless the kernel allows TF32 (torch's
 `allow_tf32`). Tiles are visited in groups of GROUP_M rows, so that programs
 running together share blocks of B in L2.
@@ -38,23 +42,43 @@ from ember.scheduler import (
 GEMM = "gemm"
 # Rows of tiles visited together (grouped ordering for L2 reuse of B's blocks).
 GROUP_M = 8
-# (YBLOCK, XBLOCK, RBLOCK, warps, stages) to try, by operand size in bytes: the first is
-# the guess. Each keeps its pipelined blocks of A and B under 100 KB of shared memory.
-_MENU: dict[int, tuple[tuple[int, int, int, int, int], ...]] = {
-    2: (
-        (128, 128, 64, 8, 3),
-        (128, 64, 64, 4, 4),
+# (YBLOCK, XBLOCK, RBLOCK, warps, stages) to try, by operand size in bytes and by
+# whether the product has few tiles: the first is the guess. Two-byte operands follow
+# the tile shapes Triton's matmul tutorial and Inductor list for Hopper: 128x128 and
+# 128x256 tiles with K blocks of 64 and two warp groups (8 warps), 3-4 pipeline stages
+# (at most 144 KiB of shared memory; a config a smaller GPU cannot hold fails to
+# load and tuning skips it). A product with few 128x128 tiles (`FEW_TILES`: under
+# one wave of an H100's 132 SMs) tries smaller tiles first, so more SMs take part.
+_MENU: dict[tuple[int, bool], tuple[tuple[int, int, int, int, int], ...]] = {
+    (2, False): (
+        (128, 128, 64, 8, 4),
+        (128, 256, 64, 8, 3),
+        (128, 128, 64, 4, 3),
         (64, 128, 64, 4, 4),
-        (64, 64, 64, 4, 4),
-        (64, 64, 32, 4, 5),
+        (128, 64, 64, 4, 4),
     ),
-    4: (
+    (2, True): (
+        (64, 128, 64, 4, 4),
+        (128, 64, 64, 4, 4),
+        (64, 64, 64, 4, 4),
+        (64, 32, 64, 4, 4),
+        (128, 128, 64, 8, 3),
+    ),
+    (4, False): (
         (128, 128, 32, 8, 3),
         (128, 64, 32, 4, 4),
         (64, 128, 32, 4, 4),
         (64, 64, 32, 4, 4),
     ),
+    (4, True): (
+        (64, 128, 32, 4, 4),
+        (128, 64, 32, 4, 4),
+        (64, 64, 32, 4, 4),
+        (64, 32, 32, 4, 4),
+    ),
 }
+# Fewer 128x128 output tiles than this (over the batch too) counts as a small grid.
+FEW_TILES = 128
 
 
 def gemm_roles(kernel: FusedKernel) -> MatmulRoles:
@@ -105,8 +129,9 @@ def gemm_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, .
     assert operands is not None
     itemsize = 4 if operands[0].dtype.itemsize == 4 else 2
     hints = {a.name: size_hint(a.numel) for a in plan.axes}
+    tiles = -(-hints["y"] // 128) * -(-hints["x"] // 128) * hints.get("b", 1)
     found: list[LaunchConfig] = []
-    for yb, xb, rb, warps, stages in _MENU[itemsize]:
+    for yb, xb, rb, warps, stages in _MENU[(itemsize, tiles < FEW_TILES)]:
         yb, xb, rb = (
             max(16, min(b, _ceil_pow2(hints[a]))) for b, a in ((yb, "y"), (xb, "x"), (rb, "r"))
         )
@@ -163,20 +188,21 @@ def render_gemm(
         scope.emit("bmask = (bindex + 0 * yindex) < bnumel")
     scope.emit(f"{roles.m.name} = yindex")
     scope.emit(f"{roles.n.name} = xindex")
+    # the operands' rows and columns: wrapped where a tile may overhang the edge
+    scope.emit("arow = yindex" if _divides(plan, "y", configs) else "arow = yindex % ynumel")
+    scope.emit("bcol = xindex" if _divides(plan, "x", configs) else "bcol = xindex % xnumel")
     scope.emit("rbase = tl.arange(0, RBLOCK)")
     a_m, a_k, a_rest = _strides(kernel, a.index, roles.m, roles.k)
     b_k, b_n, b_rest = _strides(kernel, b.index, roles.k, roles.n)
     scope.emit(
-        f"a_ptrs = {pointer_name(a.buffer)} + ({printer(a_rest)}) + yindex * ({printer(a_m)}) "
+        f"a_ptrs = {pointer_name(a.buffer)} + ({printer(a_rest)}) + arow * ({printer(a_m)}) "
         f"+ rbase[None, :] * ({printer(a_k)})"
     )
     scope.emit(
         f"b_ptrs = {pointer_name(b.buffer)} + ({printer(b_rest)}) + rbase[:, None] * "
-        f"({printer(b_k)}) + xindex * ({printer(b_n)})"
+        f"({printer(b_k)}) + bcol * ({printer(b_n)})"
     )
-    # K needs no mask when every config's RBLOCK divides it
-    k_static = plan.axes[-1].numel
-    even = k_static.is_Integer and all(int(k_static) % c.block("RBLOCK") == 0 for c in configs)
+    even = _divides(plan, "r", configs)  # K needs no mask
     precision = ""
     if a.dtype == torch.float32:
         precision = ', input_precision="tf32"' if kernel.matmul.tf32 else ', input_precision="ieee"'
@@ -184,12 +210,12 @@ def render_gemm(
     scope.emit("for start in range(0, rnumel, RBLOCK):")
     inner = "    "
     if even:
-        scope.emit(f"{inner}a = tl.load(a_ptrs, mask=ymask, other=0.0)")
-        scope.emit(f"{inner}b = tl.load(b_ptrs, mask=xmask, other=0.0)")
+        scope.emit(f"{inner}a = tl.load(a_ptrs)")
+        scope.emit(f"{inner}b = tl.load(b_ptrs)")
     else:
         scope.emit(f"{inner}rmask = (start + rbase) < rnumel")
-        scope.emit(f"{inner}a = tl.load(a_ptrs, mask=ymask & rmask[None, :], other=0.0)")
-        scope.emit(f"{inner}b = tl.load(b_ptrs, mask=rmask[:, None] & xmask, other=0.0)")
+        scope.emit(f"{inner}a = tl.load(a_ptrs, mask=rmask[None, :], other=0.0)")
+        scope.emit(f"{inner}b = tl.load(b_ptrs, mask=rmask[:, None], other=0.0)")
     scope.emit(f"{inner}acc = tl.dot(a, b, acc{precision})")
     scope.emit(f"{inner}a_ptrs += RBLOCK * ({printer(a_k)})")
     scope.emit(f"{inner}b_ptrs += RBLOCK * ({printer(b_k)})")
@@ -207,6 +233,15 @@ def render_gemm(
     for m in kernel.members[1:]:
         result = body.render(m.body, scope)
         body.store(m.mutates or m.name, m.index, result, m.dtype, axes, scope)
+
+
+def _divides(plan: KernelPlan, axis: str, configs: tuple[LaunchConfig, ...]) -> bool:
+    """Whether the axis has a static size that every config's block divides (its
+    tiles never overhang the edge)."""
+    found = plan.axis(axis)
+    assert found is not None
+    numel, block = found.numel, f"{axis.upper()}BLOCK"
+    return bool(numel.is_Integer) and all(int(numel) % c.block(block) == 0 for c in configs)
 
 
 def _strides(
