@@ -17,9 +17,11 @@ interpreter (in subprocesses, see triton_harness) against eager on the CPU, and 
 interpreter evaluates libdevice with NumPy's routines, without fused multiply-adds: a
 few ulps apart from glibc, which the ill-conditioned regions amplify (Ai's phase at
 x = -29, the trigonometric forms at degree 600, the recurrences just outside [-1, 1],
-zeta's cancelling sum at negative x), and float32 subnormals become bfloat16 wrongly.
+zeta's cancelling sum at negative x), float32 subnormals become bfloat16 wrongly, and
+the sine of a float32 beyond 2^24 (Ai's phase below x = -1e6) is reduced differently.
 There the values are held to a looser bound, 2.5e-4 relative plus 1e-5 (float32) or
-1e-9 plus 1e-13 (float64) of the precise result, which still catches a wrong branch,
+1e-9 plus 1e-13 (float64) of the precise result or of eager's (or no further from the
+precise result than twice eager's distance), which still catches a wrong branch,
 sign, coefficient or step count; NaN and infinities must match exactly as on a GPU.
 
 Degrees that are NaN, infinite or beyond int64 convert as CUDA converts them (NaN to 0,
@@ -131,6 +133,8 @@ def _triton(fns: Fns, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
 
 
 _LOOSE = {torch.float64: (1e-9, 1e-13), torch.float32: (2.5e-4, 1e-5)}
+# inputs left out in the interpreter: where float32 cannot resolve Ai's phase
+_INTERPRETER_SKIPS: dict[str, Callable[..., torch.Tensor]] = {"airy_ai": lambda x: x < -1e6}
 
 
 def _bounds_failures(
@@ -139,6 +143,7 @@ def _bounds_failures(
     eager: torch.Tensor,
     precise: torch.Tensor,
     dtype: torch.dtype,
+    inputs: tuple[torch.Tensor, ...],
     strict: bool,
 ) -> str | None:
     """Why `got` is out of bounds against eager and the more precise result (None if
@@ -153,11 +158,14 @@ def _bounds_failures(
             at = differs.nonzero()[:5].flatten().tolist()
             return f"{name} {dtype}: {what} differs at {at}: ours {g[at]} eager {e[at]}"
     finite = g.isfinite() & e.isfinite() & p.isfinite()
+    if not strict and name in _INTERPRETER_SKIPS and dtype != torch.float64:
+        finite &= ~_INTERPRETER_SKIPS[name](*inputs).cpu()
     g, e, p = g[finite], e[finite], p[finite]
     ours, theirs = (g - p).abs(), (e - p).abs()
     if not strict:
         relative, absolute = _LOOSE.get(dtype, (2.0**-7, 2.0**-7))
-        bad = ours > relative * p.abs() + absolute
+        apart = (g - e).abs() > relative * e.abs() + absolute
+        bad = (ours > relative * p.abs() + absolute) & apart & (ours > 2 * theirs)
     elif dtype == torch.float64:
         bad = (g - e).abs() > 1e-12 * e.abs() + 1e-300
     elif dtype == torch.float32:
@@ -183,7 +191,7 @@ def _check_group(group: str, dtype: torch.dtype, device: str) -> list[str]:
     for (name, fn), g in zip(fns.items(), got, strict=True):
         eager = fn(*inputs)
         precise = fn(*(a.to(precise_dtype) for a in inputs))
-        failure = _bounds_failures(name, g, eager, precise, dtype, strict=device == "cuda")
+        failure = _bounds_failures(name, g, eager, precise, dtype, inputs, strict=device == "cuda")
         if failure:
             failures.append(failure)
     return failures
