@@ -110,6 +110,24 @@ def _x(*shape: int) -> torch.Tensor:
         ("topk", lambda x: torch.topk(x, 5, -1), (randn(64, 100),), {}),
         ("argsort_bool", lambda x: torch.argsort(x > 0, dim=-1), (randn(16, 33),), {}),
         ("sort_int64", lambda x: torch.sort((x * 9).long(), -1), (randn(8, 7),), {}),
+        # the special functions' per-block loops (while any lane needs a step), the
+        # order-dependent branch of polygamma and the dtype-dependent constants
+        (
+            "special_loops",
+            lambda x, y: (
+                torch.special.airy_ai(x),
+                torch.polygamma(3, x),
+                torch.special.zeta(x, y),
+                torch.special.chebyshev_polynomial_w(x, y),
+                torch.special.shifted_chebyshev_polynomial_u(x, y),
+                torch.special.hermite_polynomial_h(x, y),
+                torch.special.laguerre_polynomial_l(x, y),
+                torch.special.legendre_polynomial_p(x, y),
+            ),
+            (randn(64), randn(64)),
+            {},
+        ),
+        ("special_float64", lambda x: torch.special.airy_ai(x), (randn(64).double(),), {}),
         (
             "scatter",
             lambda x, y, z: x.index_add(0, y, z),

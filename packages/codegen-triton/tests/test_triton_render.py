@@ -36,11 +36,11 @@ def test_every_op_is_rendered_or_listed_unsupported() -> None:
 def test_unsupported_op_names_op_and_kernel() -> None:
     kernel = fused_kernels(lambda x: torch.exp(x) + 1, randn(8))[0]
     member = kernel.members[0]
-    body = Op("special_zeta", (member.body, member.body), torch.float32)
+    body = Op("igamma", (member.body, member.body), torch.float32)
     broken = replace(kernel, members=(replace(member, body=body),))
-    with pytest.raises(UnsupportedKernelError, match=r"special_zeta.*|.*k0") as info:
+    with pytest.raises(UnsupportedKernelError, match=r"igamma") as info:
         render_kernel(broken)
-    assert "special_zeta" in str(info.value) and kernel.name in str(info.value)
+    assert "igamma" in str(info.value) and kernel.name in str(info.value)
 
 
 def test_special_function_helpers_are_emitted_with_their_callees() -> None:

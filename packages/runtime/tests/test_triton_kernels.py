@@ -18,24 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sympy
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
-from triton_harness import interpret, report
+from triton_harness import interpret, lower_for_triton, report, run_with_triton
 
-from ember.graphpasses import ember_decompositions
-from ember.ir import LoweringOptions, Program, lower_graph, run_program
-from ember.ir.interpreter import bind_symbols
-from ember.ir.nodes import BufferRef
-from ember.ir.symbolic import evaluate
+from ember.ir import run_program
 from ember.scheduler import (
     DEFAULT_CHOICES,
     DeviceChoices,
-    ExternCall,
-    KernelStep,
-    Schedule,
-    SelectOutput,
-    schedule_program,
 )
 
 Case = tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str, Any]]
@@ -328,85 +317,6 @@ CASES: dict[str, Case] = {
 }
 
 
-# -- running a schedule with Triton kernels --------------------------------------------
-
-
-def _lower(
-    fn: Callable[..., Any],
-    args: list[Any],
-    dynamic: bool,
-    choices: DeviceChoices = DEFAULT_CHOICES,
-) -> tuple[Program, Schedule]:
-    gm = make_fx(
-        fn,
-        decomposition_table=ember_decompositions(),
-        tracing_mode="symbolic" if dynamic else "real",
-    )(*args)
-    program = lower_graph(gm, options=LoweringOptions(loops=True))
-    return program, schedule_program(program, choices)
-
-
-def run_with_triton(
-    program: Program,
-    schedule: Schedule,
-    args: list[Any],
-    *,
-    seed: int,
-    cache_dir: Path,
-    reduction: str | None = None,
-) -> tuple[list[Any], list[str]]:
-    """Execute `schedule` with ember's Triton kernels (extern calls as ATen ops)."""
-    from ember.codegen.triton import render_kernel
-    from ember.runtime.triton_kernels import compile_triton_kernels
-
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
-    env: dict[str, Any] = {n.name: a for n, a in zip(program.inputs, args, strict=True)}
-    env.update({c.name: c.value for c in program.constants})
-    bindings = {s: sympy.Integer(v) for s, v in bind_symbols(program, args).items()}
-    if program.rng_seed is not None:
-        env[program.rng_seed] = torch.tensor(seed, dtype=torch.int64, device=device)
-    rendered = [
-        render_kernel(k, reduction=reduction if k.is_reduction else None, debug=True)
-        for k in schedule.kernels
-    ]
-    launchers = compile_triton_kernels(rendered, cache_dir=cache_dir)
-
-    def value(tree: Any) -> Any:
-        if isinstance(tree, BufferRef):
-            return env[tree.name]
-        if isinstance(tree, sympy.Basic):
-            return evaluate(tree, bindings)  # type: ignore[arg-type]
-        if isinstance(tree, (tuple, list)):
-            return [value(t) for t in tree]
-        return tree
-
-    for step in schedule.steps:
-        if isinstance(step, ExternCall):
-            node = step.node
-            env[node.name] = node.op(*value(node.args), **{k: value(v) for k, v in node.kwargs})
-        elif isinstance(step, SelectOutput):
-            env[step.node.name] = env[step.node.source][step.node.index]
-        elif isinstance(step, KernelStep):
-            kernel = step.kernel
-            for m in kernel.members:
-                if m.mutates is not None:
-                    env[m.name] = env[m.mutates]
-                elif m.stored:
-                    layout = m.layout
-                    size = [int(evaluate(s, bindings)) for s in layout.size]
-                    stride = [int(evaluate(s, bindings)) for s in layout.stride]
-                    extent = int(evaluate(layout.storage_extent(), bindings))
-                    fill = float("nan") if layout.dtype.is_floating_point else -7
-                    storage = torch.full((max(extent, 1),), fill, device=device).to(layout.dtype)
-                    offset = int(evaluate(layout.offset, bindings))
-                    env[m.name] = storage.as_strided(size, stride, offset)
-            tensors = [env[b] for b in kernel.buffer_arguments()]
-            sizes = [int(bindings[s]) for s in kernel.size_arguments()]
-            launchers[kernel.name](*tensors, *sizes)
-    outputs = [value(o) for o in program.outputs]
-    return outputs, [r.kind for r in rendered]
-
-
 def _compare(actual: Any, expected: Any, atol: float, rtol: float) -> None:
     if isinstance(expected, (list, tuple)):
         for a, e in zip(actual, expected, strict=True):
@@ -419,7 +329,7 @@ def run_case(name: str, device: str) -> dict[str, Any]:
     fn, make_args, options = CASES[name]
     args = make_args(device)
     atol, rtol = options.get("atol", 1e-6), options.get("rtol", 1e-5)
-    program, schedule = _lower(
+    program, schedule = lower_for_triton(
         fn,
         [a.cpu() for a in args],
         options.get("dynamic", False),
@@ -496,7 +406,8 @@ def test_identical_sources_share_one_module(tmp_path: Path) -> None:
     from ember.runtime.triton_kernels import TritonLauncher, compile_triton_kernels
 
     x = torch.randn(8, 24)  # a size no other test in this process renders
-    _, schedule = _lower(lambda a, b: (a.softmax(-1), b.softmax(-1)), [x, x.clone()], False)
+    pair = [x, x.clone()]
+    _, schedule = lower_for_triton(lambda a, b: (a.softmax(-1), b.softmax(-1)), pair, False)
     first, second = schedule.kernels
     assert first.name != second.name
     launchers = compile_triton_kernels(schedule.kernels, cache_dir=tmp_path)
@@ -510,7 +421,7 @@ def test_identical_sources_share_one_module(tmp_path: Path) -> None:
 def test_launcher_checks_its_arguments(tmp_path: Path) -> None:
     from ember.runtime.triton_kernels import compile_triton_kernels
 
-    _, schedule = _lower(lambda a: a * 2, [torch.randn(4)], False)
+    _, schedule = lower_for_triton(lambda a: a * 2, [torch.randn(4)], False)
     (launcher,) = compile_triton_kernels(schedule.kernels, cache_dir=tmp_path).values()
     with pytest.raises(TypeError, match="takes 2 tensors"):
         launcher(torch.randn(4))
@@ -536,7 +447,7 @@ def test_compiles_go_on_after_returning_and_the_first_launch_waits(tmp_path: Pat
     from ember.runtime import triton_kernels
 
     x = torch.randn(64, 256, device="cuda")
-    _, schedule = _lower(lambda a: a * 3 + 1, [x], False)  # a CUDA kernel: precompiled
+    _, schedule = lower_for_triton(lambda a: a * 3 + 1, [x], False)  # a CUDA kernel: precompiled
     (kernel,) = schedule.kernels
     assert kernel.device.type == "cuda" and not kernel.size_arguments()
     (launcher,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()
@@ -559,7 +470,7 @@ def test_a_graph_reusing_a_kernel_still_compiling_waits_for_it(tmp_path: Path) -
     from ember.runtime import triton_kernels
 
     x = torch.randn(64, 256, device="cuda")
-    _, schedule = _lower(lambda a: a * 5 - 2, [x], False)
+    _, schedule = lower_for_triton(lambda a: a * 5 - 2, [x], False)
     (kernel,) = schedule.kernels
     assert kernel.device.type == "cuda"
     (first,) = triton_kernels.compile_triton_kernels([kernel], cache_dir=tmp_path).values()

@@ -8,7 +8,8 @@ width (for bit tests). Math goes through `tl` where Triton has an accurate built
 through `libdevice` (triton.language.extra.libdevice, present in Triton 3.6 and 3.9)
 for the rest. `ember_*` names are small @triton.jit helpers from ember.codegen.triton.
 helpers, emitted into a kernel's source only when it uses them; the special functions
-libdevice lacks (i0e, i1e, K0, K1, digamma) are helpers too (ember.codegen.triton.special).
+libdevice lacks (i0e, i1e, K0, K1, digamma, polygamma, zeta, Airy Ai, the orthogonal
+polynomials) are helpers too (ember.codegen.triton.special and .polynomials).
 
 Ops listed in `UNSUPPORTED` raise `UnsupportedKernelError` naming the op and kernel,
 so the runtime runs that graph another way.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from ember.codegen.triton.special import SPECIAL_OPS
-from ember.ir.ops import OP_NAMES
 
 Template = tuple[str | None, str | None]
 
@@ -130,16 +130,8 @@ TRITON_OPS: dict[str, Template] = {
 
 # Ops with no accurate Triton/libdevice form yet: the graph runs another way.
 UNSUPPORTED: dict[str, str] = {
-    "polygamma": "no libdevice polygamma",
     "igamma": "no libdevice incomplete gamma",
     "igammac": "no libdevice incomplete gamma",
-    "special_zeta": "no libdevice zeta",
-    "special_airy_ai": "no libdevice Airy function",
-    **{
-        name: "orthogonal polynomials are not rendered yet"
-        for name in OP_NAMES
-        if "_polynomial_" in name
-    },
 }
 
 TRITON_OPS.update({name: (template, None) for name, template in SPECIAL_OPS.items()})

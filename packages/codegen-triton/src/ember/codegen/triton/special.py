@@ -1,18 +1,26 @@
 """Special functions as @triton.jit helpers, for the ops libdevice lacks or gets wrong
 for eager's purposes: the exponentially scaled modified Bessel functions i0e and i1e
 (exp(-|x|) * i0(x) overflows in float32 above 88), K0 and K1 and their scaled forms,
-and digamma.
+digamma, trigamma and polygamma, the Hurwitz zeta function and the Airy function Ai
+(the orthogonal polynomials are in ember.codegen.triton.polynomials).
 
 They follow eager's approximations (Cephes' Chebyshev series, whose coefficients are in
 ember.ir.special_tables; the series are unrolled into straight-line Clenshaw
 recurrences generated here) in the precision of their argument, with eager's special
 cases (K at 0 is infinite and NaN below; digamma is infinite at +-0 with the opposite
 sign and NaN at the negative integers). Branches are evaluated on the whole block and
-selected with `tl.where`, so every lane runs the same code.
+selected with `tl.where`, so every lane runs the same code. The two series whose
+length depends on the argument (zeta's direct sum, Ai's Maclaurin series) loop while
+any lane of the block still needs a term, lanes that are done keeping their values.
+
+The Hurwitz zeta function (and so polygamma from order 2) is summed in float64, as the
+C++ rendering does and eager does on the CPU (eager's CUDA kernel sums float32 inputs
+in float32, with more error).
 """
 
 from __future__ import annotations
 
+from ember.codegen.triton.polynomials import POLYNOMIAL_CALLS, POLYNOMIAL_HELPERS, POLYNOMIAL_OPS
 from ember.ir import special_tables
 
 
@@ -38,12 +46,38 @@ def _horner(table: str) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+def _zeta_tail() -> str:
+    """The Euler-Maclaurin correction of the Hurwitz zeta sum, unrolled over its twelve
+    terms: lanes in `tail` add terms until one falls below double's epsilon relative to
+    the sum (then keep it)."""
+    lines = ["@triton.jit", "def ember_zeta_tail(x, s, b, w, tail):"]
+    lines += ["    factor = tl.zeros_like(x) + 1.0", "    k = tl.zeros_like(x)"]
+    for divisor in special_tables.ZETA_EULER_MACLAURIN:
+        lines += [
+            "    factor = factor * (x + k)",
+            "    b = b / w",
+            f"    t = factor * b / {divisor!r}",
+            "    s = tl.where(tail, s + t, s)",
+            "    tail = tail & (tl.abs(t / s) >= 1.11022302462515654042e-16)",
+            "    k = k + 1.0",
+            "    factor = factor * (x + k)",
+            "    b = b / w",
+            "    k = k + 1.0",
+        ]
+    lines.append("    return s")
+    return "\n" + "\n".join(lines) + "\n"
+
+
 _TABLES = ["I0_SMALL", "I0_LARGE", "I1_SMALL", "I1_LARGE", "K0_SMALL", "K0_LARGE", "K1_SMALL"]
 _TABLES += ["K1_LARGE"]
+_AIRY_TABLES = ["AIRY_DECAY_P", "AIRY_DECAY_Q", "AIRY_OSC_F_P", "AIRY_OSC_F_Q", "AIRY_OSC_G_P"]
+_AIRY_TABLES += ["AIRY_OSC_G_Q"]
 
 SPECIAL_HELPERS: dict[str, str] = {
     **{f"ember_cheb_{t.lower()}": _clenshaw(t) for t in _TABLES},
     "ember_poly_digamma_asymptotic": _horner("DIGAMMA_ASYMPTOTIC"),
+    **{f"ember_poly_{t.lower()}": _horner(t) for t in _AIRY_TABLES},
+    "ember_zeta_tail": _zeta_tail(),
     "ember_i0e": """
 @triton.jit
 def ember_i0e(v):
@@ -130,6 +164,154 @@ def ember_digamma(v):
     infinite = libdevice.copysign(tl.zeros_like(v) + float("inf"), v) * -1.0
     return tl.where(v == 0, infinite, out)
 """,
+    "ember_any": """
+@triton.jit
+def ember_any(mask):
+    # whether any lane of the block is set (the condition of a loop run per block)
+    return tl.max(mask.to(tl.int32), axis=None) > 0
+""",
+    "ember_hurwitz_zeta": """
+@triton.jit
+def ember_hurwitz_zeta(x, q):
+    # zeta(x, q) = sum_k (k + q)^-x in float64: the direct sum until a term falls below
+    # double's epsilon relative to the sum, or past 9 terms and q + k > 9, then the
+    # Euler-Maclaurin tail; +inf at x = 1 and at the integers q <= 0, NaN for x < 1 and
+    # for q < 0 with x not an integer
+    x, q = tl.broadcast(x, q)
+    eps = 1.11022302462515654042e-16
+    pole = (q <= 0.0) & (q == tl.floor(q))
+    edge = (x == 1.0) | (x < 1.0) | pole | ((q <= 0.0) & (x != tl.floor(x)))
+    qs = tl.where(edge, 1.0, q)
+    s = libdevice.pow(qs, x * -1.0)
+    a = qs
+    b = tl.zeros_like(qs)
+    summing = edge == 0
+    tail = summing
+    i = 0
+    go = ember_any(summing)
+    while go:
+        i += 1
+        a = tl.where(summing, a + 1.0, a)
+        term = libdevice.pow(a, x * -1.0)
+        b = tl.where(summing, term, b)
+        s = tl.where(summing, s + term, s)
+        converged = summing & (eps * s * -1.0 < term) & (term < eps * s)
+        tail = tail & (converged == 0)
+        summing = summing & (converged == 0) & ((i < 9) | (a <= 9.0))
+        go = ember_any(summing)
+    w = a
+    s = tl.where(tail, s + b * w / (x - 1.0), s)
+    s = tl.where(tail, s - 0.5 * b, s)
+    s = ember_zeta_tail(x, s, b, w, tail)
+    out = tl.where((q <= 0.0) & (x != tl.floor(x)), float("nan"), s)
+    out = tl.where(pole, float("inf"), out)
+    out = tl.where(x < 1.0, float("nan"), out)
+    return tl.where(x == 1.0, float("inf"), out)
+""",
+    "ember_zeta": """
+@triton.jit
+def ember_zeta(x, q):
+    return ember_hurwitz_zeta(x.to(tl.float64), q.to(tl.float64)).to(x.dtype)
+""",
+    "ember_trigamma": """
+@triton.jit
+def ember_trigamma(v):
+    # below 1/2 the reflection trigamma(1 - x) + trigamma(x) = pi^2 / sin^2(pi x); then
+    # six steps of trigamma(x) = trigamma(x + 1) + 1/x^2 and the asymptotic series
+    low = v < 0.5
+    pi = tl.zeros_like(v) + 3.141592653589793
+    s = libdevice.sin(pi * v)
+    total = tl.where(low, 0.0 - pi * pi / (s * s), tl.zeros_like(v))
+    x = tl.where(low, 1.0 - v, v)
+    for _ in tl.static_range(6):
+        total = total + 1.0 / (x * x)
+        x = x + 1.0
+    z = 1.0 / (x * x)
+    tail = z * (0.16666666666666666 - z * (0.03333333333333333 - z * 0.023809523809523808))
+    total = total + (1.0 + 1.0 / (2.0 * x) + tail) / x
+    return tl.where(low, total * -1.0, total)
+""",
+    "ember_polygamma": """
+@triton.jit
+def ember_polygamma(n, x):
+    # the n-th derivative of digamma (n the same for the whole kernel): digamma, trigamma,
+    # then (-1)^(n+1) n! zeta(n + 1, x)
+    if n == 0:
+        out = ember_digamma(x)
+    elif n == 1:
+        out = ember_trigamma(x)
+    else:
+        order = (n + tl.zeros_like(x).to(tl.int64))
+        factorial = tl.exp(libdevice.lgamma(order.to(x.dtype) + 1.0))
+        sign = tl.where((order & 1) == 1, 1.0, -1.0)
+        zeta = ember_hurwitz_zeta((order + 1).to(tl.float64), x.to(tl.float64)).to(x.dtype)
+        out = sign * factorial * zeta
+    return out
+""",
+    "ember_airy_series": """
+@triton.jit
+def ember_airy_series(x, eps):
+    # Ai by its Maclaurin series: the two solutions f and g, terms in x^3, until the
+    # last term of f is below the dtype's epsilon relative to f
+    f = tl.zeros_like(x) + 1.0
+    g = x
+    m = tl.zeros_like(x) + 1.0
+    n = x
+    k = tl.zeros_like(x) + 1.0
+    z = x * x * x
+    active = x == x
+    go = ember_any(active)
+    while go:
+        m = tl.where(active, m * z, m)
+        k = tl.where(active, k + 1.0, k)
+        m = tl.where(active, m / k, m)
+        n = tl.where(active, n * z, n)
+        k = tl.where(active, k + 1.0, k)
+        n = tl.where(active, n / k, n)
+        m = tl.where(active, m / k, m)
+        f = tl.where(active, f + m, f)
+        k = tl.where(active, k + 1.0, k)
+        n = tl.where(active, n / k, n)
+        g = tl.where(active, g + n, g)
+        active = active & (tl.abs(m / f) > eps)
+        go = ember_any(active)
+    return 0.355028053887817239260 * f - 0.258819403792806798405 * g
+""",
+    "ember_airy_ai": """
+@triton.jit
+def ember_airy_ai(x):
+    # oscillating below -2.09 (f and g rational in 1/zeta^2, zeta = 2/3 |x|^1.5),
+    # decaying from 2.09 (exp(-zeta) times a rational function of 1/zeta), the
+    # Maclaurin series between; 0 above 103.892, NaN at the infinities
+    if x.dtype == tl.float64:
+        eps = 2.220446049250313e-16
+    else:
+        eps = 1.1920928955078125e-07
+    oscillating = x < -2.09
+    decaying = x >= 2.09
+    series = (oscillating == 0) & (decaying == 0)
+    xo = tl.where(oscillating, x, -3.0)
+    zeta = -2.0 * xo * libdevice.sqrt(0.0 - xo) / 3.0
+    z = 1.0 / zeta
+    zz = z * z
+    f = ember_poly_airy_osc_f_p(zz) / ember_poly_airy_osc_f_q(zz)
+    g = ember_poly_airy_osc_g_p(zz) / ember_poly_airy_osc_g_q(zz)
+    t = zeta + 0.7853981633974483
+    wave = libdevice.sin(t) * (1.0 + zz * f) - libdevice.cos(t) * (z * g)
+    wave = 0.564189583547756286948 / libdevice.sqrt(libdevice.sqrt(0.0 - xo)) * wave
+    xd = tl.where(decaying, x, 3.0)
+    zeta_d = 2.0 * xd * libdevice.sqrt(xd) / 3.0
+    u = 1.0 / zeta_d
+    r = ember_poly_airy_decay_p(u) / ember_poly_airy_decay_q(u)
+    decay = 0.564189583547756286948 * r / (
+        2.0 * libdevice.sqrt(libdevice.sqrt(xd)) * tl.exp(zeta_d)
+    )
+    near = ember_airy_series(tl.where(series, x, 0.0), eps)
+    out = tl.where(oscillating, wave, tl.where(decaying, decay, near))
+    out = tl.where(x > 103.892, 0.0, out)
+    return tl.where(tl.abs(x) == float("inf"), float("nan"), out)
+""",
+    **POLYNOMIAL_HELPERS,
 }
 
 SPECIAL_CALLS: dict[str, tuple[str, ...]] = {
@@ -142,6 +324,15 @@ SPECIAL_CALLS: dict[str, tuple[str, ...]] = {
     "ember_k0e": ("ember_k0_small", "ember_cheb_k0_large", "ember_k_edges"),
     "ember_k1e": ("ember_k1_small", "ember_cheb_k1_large", "ember_k_edges"),
     "ember_digamma": ("ember_poly_digamma_asymptotic",),
+    "ember_hurwitz_zeta": ("ember_any", "ember_zeta_tail"),
+    "ember_zeta": ("ember_hurwitz_zeta",),
+    "ember_polygamma": ("ember_digamma", "ember_trigamma", "ember_hurwitz_zeta"),
+    "ember_airy_series": ("ember_any",),
+    "ember_airy_ai": (
+        *(f"ember_poly_{t.lower()}" for t in _AIRY_TABLES),
+        "ember_airy_series",
+    ),
+    **POLYNOMIAL_CALLS,
 }
 
 # op of the ops protocol -> its floating-point template
@@ -153,4 +344,8 @@ SPECIAL_OPS: dict[str, str] = {
     "special_scaled_modified_bessel_k0": "ember_k0e({0})",
     "special_scaled_modified_bessel_k1": "ember_k1e({0})",
     "digamma": "ember_digamma({0})",
+    "polygamma": "ember_polygamma({0}, {1})",
+    "special_zeta": "ember_zeta({0}, {1})",
+    "special_airy_ai": "ember_airy_ai({0})",
+    **POLYNOMIAL_OPS,
 }
