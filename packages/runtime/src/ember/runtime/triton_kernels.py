@@ -875,14 +875,25 @@ def _aliased(tensors: Sequence[torch.Tensor]) -> bool:
     return len(set(pointers)) != len(pointers)
 
 
+# Device clock cycles to keep the GPU waiting per timed launch while the host queues
+# them: 100k cycles is about 50 us at an H100's clocks, more than one launch's host time.
+_QUEUE_AHEAD_CYCLES = 100_000
+
+
 def launch_ms(run: Callable[[], object], repeats: int = 10) -> float:
     """Median milliseconds of `run` on the current stream (after a compile + warm-up):
-    its launches queued back to back between events, so the host's launch time stays
-    out of the device's where the device is the slower."""
+    its launches queued back to back between events behind a device-side wait, so the
+    host's launch time stays out of the device's even where the host is the slower (a
+    few-microsecond kernel launched through torch's dispatcher: timed without the wait,
+    a 10 us copy measured 49 us on the H100, which made the matmul-template choice
+    overrate a separate epilogue kernel's cost 2-5x)."""
     run()
     run()
     start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
     end = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(_QUEUE_AHEAD_CYCLES * repeats)  # the device waits while the host queues
     for s, e in zip(start, end, strict=True):
         s.record()
         run()
