@@ -128,6 +128,14 @@ def _x(*shape: int) -> torch.Tensor:
             {},
         ),
         ("special_float64", lambda x: torch.special.airy_ai(x), (randn(64).double(),), {}),
+        # one element: the loads are 0-d values, and a block-wide loop condition must
+        # still reduce over a dimension (Triton 3.6 rejects a reduction of a 0-d value)
+        (
+            "special_loops_0d",
+            lambda x, y: (torch.special.zeta(x, y), torch.special.chebyshev_polynomial_t(x, y)),
+            (randn(()), randn(())),
+            {},
+        ),
         (
             "scatter",
             lambda x, y, z: x.index_add(0, y, z),

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_triton_kernels import _lower, _same_layout, run_with_triton
-from triton_harness import interpret, report
+from test_triton_kernels import _same_layout
+from triton_harness import interpret, lower_for_triton, report, run_with_triton
 
 from ember.codegen.triton import TRITON_CHOICES
 from ember.ir import run_program
@@ -111,7 +111,7 @@ def run_case(name: str, device: str) -> dict[str, Any]:
     fn, make_args, options = CASES[name]
     args = make_args(device)
     atol, rtol = options.get("atol", 1e-5), options.get("rtol", 1e-4)
-    program, schedule = _lower(
+    program, schedule = lower_for_triton(
         fn, [a.cpu() for a in args], options.get("dynamic", False), TEMPLATES
     )
     runs = [args] + ([options["resize"](device)] if "resize" in options else [])

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_triton_kernels import _compare, _lower, _same_layout, run_with_triton
-from triton_harness import interpret, report
+from test_triton_kernels import _compare, _same_layout
+from triton_harness import interpret, lower_for_triton, report, run_with_triton
 
 from ember.ir import run_program
 
@@ -81,7 +81,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str,
 def run_case(name: str, device: str) -> dict[str, Any]:
     fn, make_args, options = CASES[name]
     args = make_args(device)
-    program, schedule = _lower(fn, [a.cpu() for a in args], False)
+    program, schedule = lower_for_triton(fn, [a.cpu() for a in args], False)
     atol, rtol = options.get("atol", 1e-5), options.get("rtol", 1e-4)
     with tempfile.TemporaryDirectory() as cache:
         actual, kinds = run_with_triton(

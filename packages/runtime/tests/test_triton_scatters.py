@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_triton_kernels import _compare, _lower, _same_layout, run_with_triton
-from triton_harness import interpret, report
+from test_triton_kernels import _compare, _same_layout
+from triton_harness import interpret, lower_for_triton, report, run_with_triton
 
 from ember.ir import run_program
 
@@ -99,7 +99,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str,
 def run_case(name: str, device: str) -> dict[str, Any]:
     fn, make_args, options = CASES[name]
     args = make_args(device)
-    program, schedule = _lower(fn, [a.cpu() for a in args], False)
+    program, schedule = lower_for_triton(fn, [a.cpu() for a in args], False)
     assert not program.fallback_ops, program.fallback_ops
     atol, rtol = options.get("atol", 1e-5), options.get("rtol", 1e-4)
     with tempfile.TemporaryDirectory() as cache:
@@ -117,7 +117,7 @@ def test_every_case_renders() -> None:
     from ember.codegen.triton import render_kernel
 
     for name, (fn, make_args, _) in CASES.items():
-        _program, schedule = _lower(fn, make_args("cpu"), False)
+        _program, schedule = lower_for_triton(fn, make_args("cpu"), False)
         assert schedule.kernels, name
         for kernel in schedule.kernels:
             assert "@triton.jit" in render_kernel(kernel).source, name

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_triton_kernels import _lower, _same_layout, run_with_triton
-from triton_harness import interpret, report
+from test_triton_kernels import _same_layout
+from triton_harness import interpret, lower_for_triton, report, run_with_triton
 
 from ember.ir import run_program
 
@@ -97,7 +97,7 @@ def _leaves(tree: Any) -> list[Any]:
 def run_case(name: str, device: str) -> dict[str, Any]:
     fn, make_args, options = CASES[name]
     args = make_args(device)
-    program, schedule = _lower(fn, [a.cpu() for a in args], False)
+    program, schedule = lower_for_triton(fn, [a.cpu() for a in args], False)
     with tempfile.TemporaryDirectory() as cache:
         actual, kinds = run_with_triton(
             program, schedule, [_same_layout(a) for a in args], seed=0, cache_dir=Path(cache)

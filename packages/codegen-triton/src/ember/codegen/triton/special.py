@@ -167,8 +167,11 @@ def ember_digamma(v):
     "ember_any": """
 @triton.jit
 def ember_any(mask):
-    # whether any lane of the block is set (the condition of a loop run per block)
-    return tl.max(mask.to(tl.int32), axis=None) > 0
+    # whether any lane of the block is set (the condition of a loop run per block); the
+    # mask gets a dimension first: a 0-d value (a kernel over one element) is no block
+    # to Triton 3.6's reductions
+    lanes = mask.to(tl.int32) + tl.zeros([1], tl.int32)
+    return tl.max(lanes, axis=None) > 0
 """,
     "ember_hurwitz_zeta": """
 @triton.jit
