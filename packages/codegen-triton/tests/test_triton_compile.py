@@ -133,7 +133,7 @@ def _x(*shape: int) -> torch.Tensor:
         (
             "special_loops_0d",
             lambda x, y: (torch.special.zeta(x, y), torch.special.chebyshev_polynomial_t(x, y)),
-            (randn(()), randn(())),
+            (randn(), randn()),
             {},
         ),
         (
