@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from ember.codegen.triton import GPU_DEFAULTS, TRITON_CHOICES, UNSUPPORTED, triton_choices
+from ember.codegen.triton import (
+    GPU_DEFAULTS,
+    TRITON_CHOICES,
+    UNSUPPORTED,
+    UNVERIFIED,
+    triton_choices,
+)
 from ember.runtime import devices, kernels
 from ember.runtime.config import config
 from ember.scheduler import DeviceProperties
@@ -60,7 +66,9 @@ def test_the_sm_count_comes_from_the_device(monkeypatch: pytest.MonkeyPatch) -> 
     )  # fmt: skip
     assert record.properties.multiprocessors != GPU_DEFAULTS.multiprocessors
     assert record.codegen == "ember.codegen.triton"
-    assert record.unsupported_ops == frozenset(UNSUPPORTED)
+    # rendered but not yet matching eager on the GPU: declined too
+    assert record.unsupported_ops == frozenset(UNSUPPORTED) | frozenset(UNVERIFIED)
+    assert {"special_zeta", "polygamma", "special_legendre_polynomial_p"} <= set(UNVERIFIED)
     assert record.sort_limit == 0  # CUDA sorts stay ATen calls (see devices._cuda_record)
 
 

@@ -233,8 +233,29 @@ def test_special_function_in_interpreter(
     assert record["ok"], record.get("error")
 
 
+# Measured on the H100 (2026-11-24): each of these cases has values out of bounds, so
+# the ops are off in the Triton op table (optable.UNSUPPORTED) until fixed.
+_GPU_MISMATCHES = {
+    "unary_float32": "Airy Ai about 1e-5 off eager in float32",
+    "unary_float64": "Airy Ai off eager in one float64 value",
+    "unary_bfloat16": "polygamma(2..4) up to 7% off eager in bfloat16",
+    "zeta_float32": "zeta gives 0 where eager gives NaN",
+    "polynomials_float32": "T_n etc. give 1 where CUDA eager gives 0 (NaN degrees)",
+    "polynomials_float64": "T_n etc. give 1 where CUDA eager gives 0 (NaN degrees)",
+}
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("case", [c for c in CASES if c != "nan_degree"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(reason=_GPU_MISMATCHES[c], strict=True))
+        if c in _GPU_MISMATCHES
+        else c
+        for c in CASES
+        if c != "nan_degree"
+    ],
+)
 def test_special_function_on_gpu(case: str) -> None:
     """Against eager on the GPU, NaN degrees included (eager converts them there as
     ember's helpers do)."""

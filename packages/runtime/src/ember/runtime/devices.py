@@ -112,7 +112,7 @@ def _record(device: torch.device) -> DeviceRecord:
 
 
 def _cuda_record(device: torch.device) -> DeviceRecord:
-    from ember.codegen.triton import GPU_DEFAULTS, UNSUPPORTED, triton_choices
+    from ember.codegen.triton import GPU_DEFAULTS, UNSUPPORTED, UNVERIFIED, triton_choices
 
     properties = cuda_properties(device)
     available = properties is not None
@@ -123,7 +123,7 @@ def _cuda_record(device: torch.device) -> DeviceRecord:
         properties=properties,
         codegen="ember.codegen.triton",
         compiler=("ember.runtime.triton_kernels", "compile_triton_kernels"),
-        unsupported_ops=frozenset(UNSUPPORTED),
+        unsupported_ops=frozenset(UNSUPPORTED) | frozenset(UNVERIFIED),
         # None, for now: ember's Triton sort kernels order every NaN as the largest
         # value, as eager's CPU sort does, but eager's CUDA sort put NaNs with the
         # sign bit set elsewhere (H100, torch 2.11, 2026-11-24: a row of -NaN among

@@ -11,7 +11,7 @@ gemm (the matmul template, its pointwise consumers fused as an epilogue), kernel
 """
 
 from ember.codegen.triton.kernel import TritonKernel, render_kernel
-from ember.codegen.triton.optable import TRITON_OPS, UNSUPPORTED
+from ember.codegen.triton.optable import TRITON_OPS, UNSUPPORTED, UNVERIFIED
 from ember.codegen.triton.plan import (
     COLUMN_XBLOCK,
     MAX_SORT_LENGTH,
@@ -30,6 +30,7 @@ __all__ = [
     "TRITON_CHOICES",
     "TRITON_OPS",
     "UNSUPPORTED",
+    "UNVERIFIED",
     "GridSpec",
     "KernelPlan",
     "LaunchConfig",
