@@ -295,14 +295,12 @@ inline float gelu(float x) {
   w = w * s + 9.967857972e-03f;
   w = w * s + -6.648883224e-02f;
   w = w * s + 3.989421427e-01f;
-  const float small = s * w + 0.5f * x;
+  const float small = x * (x * w + 0.5f);
   const float clamped = bits_f32(std::min(f32_bits(a), 0x40b504f3u));  // 4 sqrt 2
   const float u = clamped * 0.707106781f - 2.484375f;
-  // x/2 + a/2 in one rounding: x for x > 0, 0 for finite x < 0 (exactly), NaN for -inf
-  const float positive = std::fma(x, 0.5f, 0.5f * a);
+  const float positive = x >= 0.0f ? x : x - x;
   const float large = positive - clamped * erfc_middle(u, 0.5f);
-  const float r = a >= 1.375f ? large : small;
-  return bits_f32(f32_bits(r) | (f32_bits(x) & 0x80000000u));
+  return a >= 1.375f ? large : small;
 }
 #else
 inline float erf(float x) { return std::erf(x); }
