@@ -32,6 +32,15 @@ static inline void omp_set_num_threads(int) {}
 #include <cstdio>
 #include <cstdlib>
 #endif
+// The OpenMP schedule of a reduction kernel's loop over its outer points (rows, or
+// blocks of columns). A macro, so that benchmarks/cpu_threads.py can build the same
+// kernels with another schedule and time them side by side at 1 to 16 threads.
+// `static` (equal contiguous shares) was as fast as `dynamic` and `guided` on 2 cores
+// and is deterministic in which thread reads which rows
+// (benchmarks/results/cpu-kernels-2core-2026-11-24-*).
+#ifndef EMBER_REDUCTION_SCHEDULE
+#define EMBER_REDUCTION_SCHEDULE static
+#endif
 
 namespace ember {
 
