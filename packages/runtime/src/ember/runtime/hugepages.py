@@ -8,9 +8,9 @@ and Inductor pay the same). Smaller buffers come back from glibc's heap already
 mapped. Where the kernel's transparent-huge-page mode is `madvise` (a common default),
 `madvise(MADV_HUGEPAGE)` on the untouched range before the kernel writes it makes the
 faults 2 MiB at a time: 20 -> 2.4 ms for that output
-(benchmarks/results/cpu-kernels-2core-2026-11-24-*). torch does the same for all its
-allocations of 2 MiB or more when `THP_MEM_ALLOC_ENABLE=1` is set before it loads;
-this does it for ember's own large outputs without that setting. Where madvise is
+(benchmarks/results/cpu-kernels-2core-2026-11-24-7109a11.md). torch does the same
+for all its allocations of 2 MiB or more when `THP_MEM_ALLOC_ENABLE=1` is set before
+it loads; this does it for ember's own large outputs without that setting. Where madvise is
 missing (not Linux) or refuses, nothing happens.
 """
 

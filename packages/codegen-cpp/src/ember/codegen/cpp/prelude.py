@@ -35,9 +35,11 @@ static inline void omp_set_num_threads(int) {}
 // The OpenMP schedule of a reduction kernel's loop over its outer points (rows, or
 // blocks of columns). A macro, so that benchmarks/cpu_threads.py can build the same
 // kernels with another schedule and time them side by side at 1 to 16 threads.
-// `static` (equal contiguous shares) was as fast as `dynamic` and `guided` on 2 cores
-// and is deterministic in which thread reads which rows
-// (benchmarks/results/cpu-kernels-2core-2026-11-24-*).
+// `static` (equal contiguous shares, libgomp's default before the clause was named):
+// on the 2-core VM at one thread `guided` matched it and `dynamic` (chunks of one
+// point) was 15-37% slower on short rows; two-thread runs there measured the
+// neighbours' load, not the schedule (benchmarks/results/cpu-kernels-2core-2026-11-24-
+// 7109a11.md). The choice for many cores is the script's to make.
 #ifndef EMBER_REDUCTION_SCHEDULE
 #define EMBER_REDUCTION_SCHEDULE static
 #endif
