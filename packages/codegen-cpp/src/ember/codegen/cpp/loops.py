@@ -45,14 +45,18 @@ def parallel_clause(e: Emitter, ranges: Sequence[sympy.Expr], extra: str = "") -
     return "" if total is not None else f" if({work(e, ranges)}{extra} >= ember::kParallelMin)"
 
 
-def parallel_pragma(e: Emitter, ranges: Sequence[sympy.Expr], loops: int, extra: str = "") -> None:
+def parallel_pragma(
+    e: Emitter, ranges: Sequence[sympy.Expr], loops: int, extra: str = "", schedule: str = ""
+) -> None:
     """`#pragma omp parallel for` over the next `loops` loops, unless the work is
-    statically small; with a runtime `if` when it is symbolic."""
+    statically small; with a runtime `if` when it is symbolic, and `schedule(...)` when
+    `schedule` names one (the implementation's default, static in libgomp, otherwise)."""
     clause = parallel_clause(e, ranges, extra)
     if loops == 0 or clause is None:
         return
     collapse = f" collapse({loops})" if loops > 1 else ""
-    e.line(f"#pragma omp parallel for{collapse}{clause}")
+    scheduled = f" schedule({schedule})" if schedule else ""
+    e.line(f"#pragma omp parallel for{collapse}{scheduled}{clause}")
 
 
 @contextmanager

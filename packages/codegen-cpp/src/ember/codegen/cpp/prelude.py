@@ -32,6 +32,17 @@ static inline void omp_set_num_threads(int) {}
 #include <cstdio>
 #include <cstdlib>
 #endif
+// The OpenMP schedule of a reduction kernel's loop over its outer points (rows, or
+// blocks of columns). A macro, so that benchmarks/cpu_threads.py can build the same
+// kernels with another schedule and time them side by side at 1 to 16 threads.
+// `static` (equal contiguous shares, libgomp's default before the clause was named):
+// on the 2-core VM at one thread `guided` matched it and `dynamic` (chunks of one
+// point) was 15-37% slower on short rows; two-thread runs there measured the
+// neighbours' load, not the schedule (benchmarks/results/cpu-kernels-2core-2026-11-24-
+// 7109a11.md). The choice for many cores is the script's to make.
+#ifndef EMBER_REDUCTION_SCHEDULE
+#define EMBER_REDUCTION_SCHEDULE static
+#endif
 
 namespace ember {
 
@@ -124,10 +135,13 @@ inline int64_t mod_i(int64_t a, int64_t b) {
 //   constant (sigmoid did three divisions). Clamps are integer minima of the bits,
 //   and NaN, which they turn into a number, is put back by a last select of x.
 //   exp 0.21 -> 0.17 ns per element, sigmoid 0.29 -> 0.20 (with the division kept).
-// - Short dependency chains: a 16-coefficient Horner chain is 60 cycles of latency,
-//   more than the out-of-order window covers, so erf evaluates its long polynomial in
-//   Estrin's scheme (pairs, then pairs of pairs with u^2, u^4, u^8): GELU 0.30 ->
-//   0.24 ns per element.
+// - Short dependency chains, few multiplies: a 16-coefficient Horner chain is 60
+//   cycles of latency, more than the out-of-order window covers (GELU 0.30 ns per
+//   element), and full Estrin (pairs, then pairs of pairs with u^2, u^4, u^8) costs
+//   three products more than Horner, on the two pipes that run multiplies and FMAs,
+//   which bound GELU's loop. erf's long polynomial takes the middle way: pairs, then
+//   Horner in u^2 (8 dependent steps, one product more than Horner): GELU 0.24 ns
+//   with Estrin, 2% less in u^2.
 // Defining EMBER_LIBM_MATH before the prelude makes them libm calls (the scalar
 // reference, for comparisons). float64 always takes libm.
 #ifndef EMBER_LIBM_MATH
@@ -230,16 +244,15 @@ inline double log(double x) { return std::log(x); }
 // erf, with no exp: x + x P(x^2) for |x| < 0.96875 (P of degree 5, relative error
 // 4e-8); above, 1 - Q(|x| - 2.484375) with the sign of x, Q a degree-15 polynomial
 // for erfc on [0.96875, 4] (absolute error 1e-9), |x| clamped to 4 (erf rounds to 1
-// from 3.92 on). Q's evaluation dominates GELU: Estrin's scheme cut its latency from
-// 15 dependent steps to 5 (GELU 0.30 -> 0.24 ns per element, in cache; its partial
-// sums round differently from Horner's, a few hundredths of an ulp worse); an
-// exp-based erfc (27 operations) was slower still.
+// from 3.92 on). Q's evaluation dominates GELU: as pairs c + c' u, then Horner in
+// u^2, 8 dependent steps instead of Horner's 15 (see above); an exp-based erfc (27
+// operations) was slower still.
 // Both branches are computed for every element (a loop with a branch does not
 // vectorise); the last select takes the small branch for NaN, which it propagates.
 // erfc(a) for a in [0.96875, 4], as Q(a - 2.484375) (erf's large branch), times
 // `scale`: GELU takes erfc / 2, whose coefficients (halved, exactly) fold at compile time.
 inline float erfc_middle(float u, float scale = 1.0f) {
-  const float u2 = u * u, u4 = u2 * u2, u8 = u4 * u4;
+  const float u2 = u * u;
   const float q0 = scale * 4.423496139e-04f + u * (scale * -2.354703844e-03f);
   const float q2 = scale * 5.849973764e-03f + u * (scale * -8.904299699e-03f);
   const float q4 = scale * 9.110763669e-03f + u * (scale * -6.381446961e-03f);
@@ -248,9 +261,14 @@ inline float erfc_middle(float u, float scale = 1.0f) {
   const float q10 = scale * -7.945721882e-05f + u * (scale * -1.102398892e-05f);
   const float q12 = scale * 1.638282629e-05f + u * (scale * -3.177598046e-06f);
   const float q14 = scale * -9.697102996e-07f + u * (scale * 3.410107468e-07f);
-  const float low = (q0 + u2 * q2) + u4 * (q4 + u2 * q6);
-  const float high = (q8 + u2 * q10) + u4 * (q12 + u2 * q14);
-  return low + u8 * high;
+  float p = q14;
+  p = p * u2 + q12;
+  p = p * u2 + q10;
+  p = p * u2 + q8;
+  p = p * u2 + q6;
+  p = p * u2 + q4;
+  p = p * u2 + q2;
+  return p * u2 + q0;
 }
 inline float erf(float x) {
   const float a = std::fabs(x);
@@ -272,20 +290,21 @@ inline float erf(float x) {
 // erf's work plus four operations and rounds 1 + erf(z), which loses the relative
 // precision of negative results (1 + erf(-2) = 0.0455 from erf's 0.9545: 103 ulps
 // at x = -2.98). Here, with a = |x|:
-// - a < 1.375: x/2 + x^2 W(x^2), W of degree 5 fitted to (Phi(x) - 1/2) / x for the
-//   error relative to GELU(-a) (benchmarks/fit_float_math.py);
-// - a >= 1.375: (x + a)/2 - a Phi(-a) = (x/2 + a/2) - a erfc(a / sqrt 2) / 2, erfc
+// - a < 1.375: x (x W(x^2) + 1/2), W of degree 5 fitted to (Phi(x) - 1/2) / x for
+//   the error relative to GELU(-a) (benchmarks/fit_float_math.py); the product with x
+//   last keeps x's sign, so GELU(-0) is -0;
+// - a >= 1.375: max(x, 0) - a Phi(-a) = max(x, 0) - a erfc(a / sqrt 2) / 2, erfc
 //   from erf's Q with a clamped to 4 sqrt 2 (beyond, x for x > 0 and -3.2e-8 for
-//   x < 0, where GELU lies in (-4.4e-8, 0)). x/2 + a/2 is max(x, 0) exactly for finite
-//   x (x + a would overflow above 2^127), and NaN for -inf as the formula gives it;
-// - the sign of x last, so that GELU(-0) is -0 (both branches have x's sign
-//   elsewhere).
-// Errors against float64 x Phi(x) (x in [-12, 12] and randn * 3): 1.35 ulps for x >= 0,
-// 10.5 for -3 < x < 0 (the written formula: 1.64 and 103), absolute 3.2e-8 below -3
-// (the formula: 9.6e-8).
-// In cache, one thread, AVX-512: 0.221 ns per element against the formula's 0.251
-// (benchmarks/cpu_math.py). A form with x + a instead of x/2 + a/2 was 3% faster but
-// overflows to inf above 2^127.
+//   x < 0, where GELU lies in (-4.4e-8, 0)). max(x, 0) is a select of x or x - x,
+//   which is 0 for finite x and NaN for -inf, as the formula gives it: no product,
+//   and the loop is bound by its multiplies and FMAs (two pipes), not its adds,
+//   compares and selects.
+// Errors against float64 x Phi(x) (x in [-12, 12] and randn * 3): 1.81 ulps for
+// x >= 0, 7.0 for -3 < x < 0 (the written formula: 1.64 and 103), absolute 3.5e-8
+// below -3 (the formula: 9.6e-8).
+// In cache, one thread, AVX-512: 0.196-0.199 ns per element (benchmarks/cpu_math.py),
+// from 0.226-0.232 with x/2 + a/2 by an FMA, the sign of x merged last and Q in
+// Estrin's form, and the formula's 0.251: 26 multiplies and FMAs per 16 elements.
 inline float gelu(float x) {
   const float a = std::fabs(x);
   const float s = x * x;
@@ -295,14 +314,12 @@ inline float gelu(float x) {
   w = w * s + 9.967857972e-03f;
   w = w * s + -6.648883224e-02f;
   w = w * s + 3.989421427e-01f;
-  const float small = s * w + 0.5f * x;
+  const float small = x * (x * w + 0.5f);
   const float clamped = bits_f32(std::min(f32_bits(a), 0x40b504f3u));  // 4 sqrt 2
   const float u = clamped * 0.707106781f - 2.484375f;
-  // x/2 + a/2 in one rounding: x for x > 0, 0 for finite x < 0 (exactly), NaN for -inf
-  const float positive = std::fma(x, 0.5f, 0.5f * a);
+  const float positive = x >= 0.0f ? x : x - x;
   const float large = positive - clamped * erfc_middle(u, 0.5f);
-  const float r = a >= 1.375f ? large : small;
-  return bits_f32(f32_bits(r) | (f32_bits(x) & 0x80000000u));
+  return a >= 1.375f ? large : small;
 }
 #else
 inline float erf(float x) { return std::erf(x); }

@@ -51,6 +51,7 @@ SPLIT = (
     "const bool ember_split = "
     "ember_outer < omp_get_max_threads() && ember_inner >= ember::kSplitMin;"
 )
+SCHEDULE = "EMBER_REDUCTION_SCHEDULE"  # a macro of the prelude: static unless redefined
 THREADS = "#pragma omp parallel num_threads(std::min(omp_get_max_threads(), ember::kMaxThreads))"
 
 Rules = list[tuple[KernelMember, ReductionRule, str]]  # member, its rule, accumulator type
@@ -153,7 +154,7 @@ class ReductionEmitter:
         with e.block("if (ember_split)"), nested_loops(e, loop_vars, bounds):
             e.line(call + "true);")
         with e.block("else"):
-            parallel_pragma(e, [*ranges, *kernel.reduction_ranges], self.n)
+            parallel_pragma(e, [*ranges, *kernel.reduction_ranges], self.n, schedule=SCHEDULE)
             with nested_loops(e, loop_vars, bounds):
                 e.line(call + "false);")
 
