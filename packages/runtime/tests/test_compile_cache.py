@@ -11,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+from ember.runtime import artifact as artifact_module
 from ember.runtime import compile_cache
 from ember.runtime.config import config
 from ember.runtime.testing import no_eager_fallback
@@ -108,3 +110,38 @@ def test_the_key_follows_what_the_compile_depends_on() -> None:
     assert key_of(model, torch.randn(4, 9)) != base
     assert key_of(model, x, recompute="all") != base
     assert key_of(lambda x: (x * 3).relu(), x) != base
+
+
+def test_the_key_follows_ember_source_and_an_entry_of_other_source_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A development install edits ember's code under one version number: the key holds
+    the source's fingerprint, so the edited code compiles the graph anew."""
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sigmoid() + 1
+
+    x = torch.randn(4, 8)
+    keys: list[str] = []
+    original = compile_cache.graph_key
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        keys.append(original(*args, **kwargs))
+        return keys[-1]
+
+    monkeypatch.setattr(compile_cache, "graph_key", spy)
+
+    def compile_once() -> dict[str, int]:
+        torch._dynamo.reset()
+        before = dict(compile_cache.stats)
+        with config.scope(compile_cache=True), no_eager_fallback():
+            out = torch.compile(model, backend="ember")(x)
+        torch.testing.assert_close(out, model(x))
+        return {k: compile_cache.stats[k] - before[k] for k in before}
+
+    assert compile_once() == {"hits": 0, "misses": 1, "stored": 1}
+    assert compile_once() == {"hits": 1, "misses": 0, "stored": 0}  # the same source: reused
+    monkeypatch.setattr(artifact_module, "source_fingerprint", lambda: "edited" * 4)
+    assert compile_once() == {"hits": 0, "misses": 1, "stored": 1}  # other source: compiled
+    assert keys[0] == keys[1] != keys[2]
+    assert compile_once() == {"hits": 1, "misses": 0, "stored": 0}  # its own entry

@@ -12,10 +12,12 @@ The key (`graph_key`) is a SHA-256 over everything the artifact depends on:
 - the settings that change what is compiled (`KEYED_SETTINGS`); for graphs with CPU
   tensors what the choice of oneDNN linears depends on (`cpu_gemm.rule_key`: the
   rule's version, the CPU's vendor and ISA, the thread count's threshold);
-- torch, Triton, ember and Python versions; each CUDA device's capability; for
-  graphs with CPU tensors the C++ compiler's version and the target `-march=native`
-  resolves to on this CPU (the same resolution as the C++ kernel cache: a library
-  built for AVX-512 is never handed to a CPU without it).
+- torch, Triton, ember and Python versions, and the fingerprint of ember's source
+  (ember.runtime.fingerprint: a development install edits code under one version);
+  each CUDA device's capability; for graphs with CPU tensors the C++ compiler's
+  version and the target `-march=native` resolves to on this CPU (the same
+  resolution as the C++ kernel cache: a library built for AVX-512 is never handed to
+  a CPU without it).
 
 An entry is stored once the graph's first call has run, so it holds the binaries of
 every candidate config and the configs chosen for the sizes seen. Entries live in an
