@@ -220,3 +220,32 @@ def test_a_training_step_from_the_cache_gives_the_cold_values_and_gradients(
         torch.testing.assert_close(warm["grads"][name], p.grad, rtol=1e-3, atol=1e-5)
     for name, buffer in model.named_buffers():
         torch.testing.assert_close(warm["buffers"][name], buffer, rtol=1e-4, atol=1e-5)
+
+
+def test_the_cpu_target_is_found_once_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key's compiler identity and target are asked for in a thread started by the
+    backend; the key waits for that answer instead of running the compiler again."""
+    import threading
+    import time
+
+    calls: list[str] = []
+    release = threading.Event()
+
+    def slow_find() -> str:
+        calls.append(threading.current_thread().name)
+        release.wait(10)
+        return "g++ 99\0znver9"
+
+    monkeypatch.setattr(compile_cache, "_TARGET", [])
+    monkeypatch.setattr(compile_cache, "_TARGET_STARTED", [])
+    monkeypatch.setattr(compile_cache, "_find_cpu_target", slow_find)
+    compile_cache.prepare_cpu_target()
+    compile_cache.prepare_cpu_target()  # once per process
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == ["ember-cpu-target"]
+    release.set()
+    assert compile_cache._cpu_target() == "g++ 99\0znver9"
+    assert compile_cache._cpu_target() == "g++ 99\0znver9"
+    assert calls == ["ember-cpu-target"]
