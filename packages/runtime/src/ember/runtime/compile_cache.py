@@ -26,6 +26,11 @@ altered or truncated entry is rebuilt, never loaded. A hit is checked again agai
 this process like any artifact (`check_requirements`). `EMBER_COMPILE_CACHE=off`
 turns the whole-graph cache off (kernel-level caches stay).
 
+On a hit the key is most of what ember adds to AOTAutograd's own work: the graph's
+code is generated as text without being compiled (`_graph_code`), and the compiler
+subprocesses behind the CPU target run in a thread while AOTAutograd traces
+(`prepare_cpu_target`, started by the backend).
+
 Graphs whose artifact cannot be saved (an opaque object in the graph, reference
 kernels) are not cached; that is logged at debug level.
 """
