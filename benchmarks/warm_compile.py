@@ -29,7 +29,9 @@ compiler, so it is not given for cold compiles).
 
 `--repeat N` runs each process N times (each cold run with a fresh cache, each warm
 run after its own cold one) and reports the fastest of the N: on a machine shared
-with other work, the run least disturbed. Runs with PYTHONPATH over
+with other work, the run least disturbed; `--median` reports their median instead
+(what a run typically costs, disturbances included). The table's caption line gives
+the machine's load average before and after the runs. Runs with PYTHONPATH over
 packages/*/src or without it (it adds them itself).
 """
 
@@ -38,9 +40,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -115,10 +119,17 @@ def child(
 
 
 def measure(
-    name: str, device: str, mode: str, repeat: int, preimport: bool, threads: int
+    name: str,
+    device: str,
+    mode: str,
+    repeat: int,
+    preimport: bool,
+    threads: int,
+    pick: Callable[[list[float]], float] = min,
 ) -> dict[str, object]:
-    """The fastest of `repeat` runs each: cold, warm and aot_eager compile seconds
-    (wall and the main thread's CPU time), and the warm runs' cache hits."""
+    """The fastest (or, with `pick`, the median) of `repeat` runs each: cold, warm and
+    aot_eager compile seconds (wall and the main thread's CPU time), and the warm
+    runs' cache hits."""
     runs: dict[str, list[dict[str, object]]] = {"cold": [], "warm": [], "aot": []}
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="ember-warm-") as cache:
@@ -128,8 +139,8 @@ def measure(
             runs["aot"].append(child("aot_eager", name, device, mode, cache, preimport, threads))
     best: dict[str, object] = {}
     for kind, results in runs.items():
-        best[kind] = min(float(r["compile"]) for r in results)  # type: ignore[arg-type]
-        best[f"{kind}_cpu"] = min(float(r["compile_cpu"]) for r in results)  # type: ignore[arg-type]
+        best[kind] = pick([float(r["compile"]) for r in results])  # type: ignore[arg-type]
+        best[f"{kind}_cpu"] = pick([float(r["compile_cpu"]) for r in results])  # type: ignore[arg-type]
     best["hits"] = [(r["cache"] or {}).get("hits") for r in runs["warm"]]  # type: ignore[union-attr]
     return best
 
@@ -142,6 +153,7 @@ def main() -> int:
     )
     parser.add_argument("--models", nargs="+", default=None, help="default: the device's set")
     parser.add_argument("--repeat", type=int, default=1, help="processes per number (the fastest)")
+    parser.add_argument("--median", action="store_true", help="the median of --repeat runs")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: its default)")
     parser.add_argument("--as-shipped", action="store_true", help="no imports before timing")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
@@ -157,9 +169,13 @@ def main() -> int:
     )
     rows = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     print(header, flush=True)
+    pick: Callable[[list[float]], float] = statistics.median if args.median else min
+    load_before = os.getloadavg()
     for mode in args.modes:
         for name in args.models:
-            r = measure(name, args.device, mode, args.repeat, not args.as_shipped, args.threads)
+            r = measure(
+                name, args.device, mode, args.repeat, not args.as_shipped, args.threads, pick
+            )
             c, w, a = (float(r[k]) for k in ("cold", "warm", "aot"))  # type: ignore[arg-type]
             wc, ac = float(r["warm_cpu"]), float(r["aot_cpu"])  # type: ignore[arg-type]
             row = (
@@ -168,8 +184,14 @@ def main() -> int:
             )
             rows.append(row)
             print(row, flush=True)
+    load = " ".join(f"{v:.2f}" for v in load_before), " ".join(f"{v:.2f}" for v in os.getloadavg())
+    caption = (
+        f"{'median' if args.median else 'fastest'} of {args.repeat} processes; "
+        f"load average (1, 5, 15 min) {load[0]} before, {load[1]} after"
+    )
+    print(caption, flush=True)
     if args.markdown is not None:
-        args.markdown.write_text("\n".join(rows) + "\n")
+        args.markdown.write_text("\n".join([caption, "", *rows]) + "\n")
     return 0
 
 

@@ -25,16 +25,19 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.export import Dim, ExportedProgram
 
+from ember.runtime import artifact as artifact_module
 from ember.runtime import config
 from ember.runtime.aot import (
     PackageError,
     PackageInputError,
     compile_and_package,
+    describe_package,
     load_package,
     read_package_manifest,
 )
 from ember.runtime.artifact import ArtifactError
 from ember.runtime.cli import main
+from ember.runtime.fingerprint import source_fingerprint
 
 Case = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -490,6 +493,20 @@ def test_an_altered_package_is_refused(
     (missing / "package.json").unlink()
     with pytest.raises(PackageError, match=r"not an ember package: package\.json is missing"):
         load_package(missing)
+
+
+def test_a_package_built_by_other_ember_source_is_refused(
+    mlp_package: tuple[ExportedProgram, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, package = mlp_package
+    built = read_package_manifest(package)["versions"]["ember-source"]
+    assert built == source_fingerprint()  # recorded in the package's manifest
+    monkeypatch.setattr(artifact_module, "source_fingerprint", lambda: "0" * 24)
+    with pytest.raises(ArtifactError, match=f"other ember source \\(fingerprint {built}\\)"):
+        load_package(package)
+    text, problem = describe_package(package)
+    assert f"ember source fingerprint: {built}" in text
+    assert problem is not None and "other ember source" in problem
 
 
 def test_packaging_replaces_a_package_but_nothing_else(

@@ -11,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+from ember.runtime import artifact as artifact_module
 from ember.runtime import compile_cache
 from ember.runtime.config import config
 from ember.runtime.testing import no_eager_fallback
@@ -108,3 +110,142 @@ def test_the_key_follows_what_the_compile_depends_on() -> None:
     assert key_of(model, torch.randn(4, 9)) != base
     assert key_of(model, x, recompute="all") != base
     assert key_of(lambda x: (x * 3).relu(), x) != base
+
+
+def test_the_key_follows_ember_source_and_an_entry_of_other_source_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A development install edits ember's code under one version number: the key holds
+    the source's fingerprint, so the edited code compiles the graph anew."""
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sigmoid() + 1
+
+    x = torch.randn(4, 8)
+    keys: list[str] = []
+    original = compile_cache.graph_key
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        keys.append(original(*args, **kwargs))
+        return keys[-1]
+
+    monkeypatch.setattr(compile_cache, "graph_key", spy)
+
+    def compile_once() -> dict[str, int]:
+        torch._dynamo.reset()
+        before = dict(compile_cache.stats)
+        with config.scope(compile_cache=True), no_eager_fallback():
+            out = torch.compile(model, backend="ember")(x)
+        torch.testing.assert_close(out, model(x))
+        return {k: compile_cache.stats[k] - before[k] for k in before}
+
+    assert compile_once() == {"hits": 0, "misses": 1, "stored": 1}
+    assert compile_once() == {"hits": 1, "misses": 0, "stored": 0}  # the same source: reused
+    monkeypatch.setattr(artifact_module, "source_fingerprint", lambda: "edited" * 4)
+    assert compile_once() == {"hits": 0, "misses": 1, "stored": 1}  # other source: compiled
+    assert keys[0] == keys[1] != keys[2]
+    assert compile_once() == {"hits": 1, "misses": 0, "stored": 0}  # its own entry
+
+
+def test_the_key_reads_a_lazy_graph_without_compiling_it() -> None:
+    """A lazy graph module's code is generated for the key, not compiled: its text is
+    what `gm.code` gives, and the module stays to be compiled at its first use."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    traced = torch.fx.symbolic_trace(lambda x: (x * 2).relu() + 1)
+    lazy = _LazyGraphModule(traced, traced.graph)
+    assert lazy._needs_recompile()
+    text = compile_cache._graph_code(lazy)
+    assert lazy._needs_recompile()  # not compiled by the key
+    assert text == lazy.code  # the text `gm.code` compiles
+    x = torch.randn(3)
+    torch.testing.assert_close(lazy(x), (x * 2).relu() + 1)
+
+
+_TRAIN = """
+import json, sys, torch
+from ember.runtime import compile_cache
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+    torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4), torch.nn.LayerNorm(4),
+).train()
+x = torch.randn(4, 3, 6, 6)
+compiled = torch.compile(model, backend="ember")
+loss = compiled(x).square().mean()
+loss.backward()
+torch.save({"loss": loss.detach(), "grads": {n: p.grad for n, p in model.named_parameters()},
+            "buffers": dict(model.named_buffers())}, sys.argv[1])
+print(json.dumps(compile_cache.stats))
+"""
+
+
+def test_a_training_step_from_the_cache_gives_the_cold_values_and_gradients(
+    tmp_path: Path,
+) -> None:
+    """A warm process runs the artifacts the cold one stored: the loss, every
+    parameter's gradient and batch norm's running statistics are the cold compile's,
+    bit for bit, and eager's within float tolerance."""
+    env = {**os.environ, "EMBER_CACHE_DIR": str(tmp_path / "cache"), "EMBER_STRICT": "1"}
+    results, stats = [], []
+    for run in ("cold", "warm"):
+        done = subprocess.run(
+            [sys.executable, "-c", _TRAIN, str(tmp_path / f"{run}.pt")],
+            env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        assert done.returncode == 0 and lines, done.stderr[-4000:]
+        stats.append(json.loads(lines[-1]))
+        results.append(torch.load(tmp_path / f"{run}.pt"))
+    assert stats[0] == {"hits": 0, "misses": 2, "stored": 2}  # forward and backward
+    assert stats[1] == {"hits": 2, "misses": 0, "stored": 0}
+    cold, warm = results
+    assert torch.equal(cold["loss"], warm["loss"])
+    assert cold["grads"].keys() == warm["grads"].keys() and len(cold["grads"]) == 8
+    for name, grad in cold["grads"].items():
+        assert torch.equal(grad, warm["grads"][name]), name
+    for name, buffer in cold["buffers"].items():
+        assert torch.equal(buffer, warm["buffers"][name]), name
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4), torch.nn.LayerNorm(4),
+    ).train()  # fmt: skip
+    x = torch.randn(4, 3, 6, 6)
+    loss = model(x).square().mean()
+    loss.backward()
+    torch.testing.assert_close(warm["loss"], loss.detach(), rtol=1e-4, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(warm["grads"][name], p.grad, rtol=1e-3, atol=1e-5)
+    for name, buffer in model.named_buffers():
+        torch.testing.assert_close(warm["buffers"][name], buffer, rtol=1e-4, atol=1e-5)
+
+
+def test_the_cpu_target_is_found_once_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key's compiler identity and target are asked for in a thread started by the
+    backend; the key waits for that answer instead of running the compiler again."""
+    import threading
+    import time
+
+    calls: list[str] = []
+    release = threading.Event()
+
+    def slow_find() -> str:
+        calls.append(threading.current_thread().name)
+        release.wait(10)
+        return "g++ 99\0znver9"
+
+    monkeypatch.setattr(compile_cache, "_TARGET", [])
+    monkeypatch.setattr(compile_cache, "_TARGET_STARTED", [])
+    monkeypatch.setattr(compile_cache, "_find_cpu_target", slow_find)
+    compile_cache.prepare_cpu_target()
+    compile_cache.prepare_cpu_target()  # once per process
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == ["ember-cpu-target"]
+    release.set()
+    assert compile_cache._cpu_target() == "g++ 99\0znver9"
+    assert compile_cache._cpu_target() == "g++ 99\0znver9"
+    assert calls == ["ember-cpu-target"]

@@ -12,9 +12,10 @@ A package is a directory:
                           the range of each dynamic dimension and where it is read,
                           the conditions the program puts on sizes; the outputs and
                           their spec; the weights; the buffers a call writes back),
-                          the versions it was built with, the custom operators it
-                          calls, the SHA-256 of the other two entries and its own
-                          digest
+                          the versions it was built with (and the fingerprint of
+                          ember's source, ember.runtime.fingerprint), the custom
+                          operators it calls, the SHA-256 of the other two entries
+                          and its own digest
     weights.safetensors   the program's parameters, buffers and constant tensors,
                           each under its name in the module (`ln.weight`)
     graph/                the compiled graph: an artifact (ember.runtime.artifact),
@@ -61,8 +62,10 @@ conditions) before calling the compiled graph, and raises `PackageInputError`
 naming the input, the dimension and what the package accepts. One compiled graph
 serves every size in range: nothing is compiled at load or at call.
 
-What the loading process must provide: the same torch and ember versions and a
-machine the graph fits (ember.runtime.artifact checks both), the custom operators
+What the loading process must provide: the same torch and ember versions, the same
+ember source (its fingerprint: a package built by edited ember code is refused as
+one built by another ember version is) and a machine the graph fits
+(ember.runtime.artifact checks these), the custom operators
 the program calls (registered before loading: the manifest lists them and the load
 names any missing), and the pytree node types of its input and output structures
 where they are not Python's own (a library's output class: `transformers`' model
@@ -652,8 +655,8 @@ def load_package(package_path: str | os.PathLike[str]) -> LoadedPackage:
     """The package at `package_path`, ready to call as `exported_program.module()`.
 
     Raises `PackageError` (an `ArtifactError`) where a file is missing or altered, the
-    package was built by another torch or ember, needs another device, or calls custom
-    operators this process has not registered."""
+    package was built by another torch or ember (version or source), needs another
+    device, or calls custom operators this process has not registered."""
     root = Path(package_path)
     manifest = read_package_manifest(root)
     _verified(root, manifest, f"{GRAPH}/{MANIFEST}")  # it pins the graph's own files
@@ -894,6 +897,7 @@ def describe_package(package_path: str | os.PathLike[str]) -> tuple[str, str | N
         f"  built with: ember {v.get('ember')}, torch {v.get('torch')}, "
         f"Python {v.get('python')}, Triton {v.get('triton')}; format {manifest['format']}"
     )
+    lines.append(f"  ember source fingerprint: {v.get('ember-source', 'not recorded')}")
     lines.append("  inputs:")
     for entry in manifest["inputs"]:
         if entry["kind"] == "tensor":

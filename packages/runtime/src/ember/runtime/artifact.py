@@ -5,9 +5,11 @@ In a process, `compile_graph` builds an `Artifact` and runs it through `runner`,
 same path a loaded one takes. Saved (`Artifact.save`), it is a directory:
 
     manifest.json          format; graph name; versions (Python, torch, Triton,
-                           ember); what it needs of the machine (each CUDA device's
-                           capability, the CPU's architecture and instruction-set
-                           extensions where it has C++ kernels); its inputs (dtype,
+                           ember; the fingerprint of ember's source,
+                           ember.runtime.fingerprint); what it needs of the
+                           machine (each CUDA device's capability, the CPU's
+                           architecture and instruction-set extensions where it
+                           has C++ kernels); its inputs (dtype,
                            device, layout as expressions over the size symbols, the
                            symbols each binds, whether the graph writes it); which
                            inputs are parameters; its kernels and files; the SHA-256
@@ -50,6 +52,7 @@ from typing import Any
 
 import torch
 
+from ember.runtime.fingerprint import source_fingerprint
 from ember.runtime.layouts import (
     InputRecord,
     guard_layouts,
@@ -250,14 +253,17 @@ def _versions() -> tuple[tuple[str, str], ...]:
 
 
 def versions() -> dict[str, str]:
-    """Python, torch, ember and Triton versions (package metadata, read once)."""
-    return dict(_versions())
+    """Python, torch, ember and Triton versions (package metadata, read once), and the
+    fingerprint of ember's source (`ember-source`: a development install changes its
+    code under one version number)."""
+    return {**dict(_versions()), "ember-source": source_fingerprint()}
 
 
 # Versions a loaded artifact must share with the process: torch (the wrapper calls its
-# operators and relies on their layouts) and ember (the wrapper and kernel formats).
-# Triton's is informative: its binaries launch without it.
-CHECKED_VERSIONS = ("torch", "ember")
+# operators and relies on their layouts) and ember, by version and by source (the
+# wrapper and kernel formats, and the code that generated them). Triton's is
+# informative: its binaries launch without it.
+CHECKED_VERSIONS = ("torch", "ember", "ember-source")
 
 
 def requirements(inputs: Sequence[InputRecord], files: dict[str, bytes]) -> dict[str, Any]:
@@ -288,6 +294,11 @@ def check_requirements(manifest: dict[str, Any], where: Path | str) -> None:
     for name in CHECKED_VERSIONS:
         wanted = manifest["versions"].get(name)
         if wanted != here[name]:
+            if name == "ember-source":
+                raise ArtifactError(
+                    f"{where}: compiled by other ember source (fingerprint {wanted}); this "
+                    f"process's is {here[name]} (ember.runtime.fingerprint)"
+                )
             raise ArtifactError(
                 f"{where}: compiled with {name} {wanted}; this process has {name} {here[name]}"
             )

@@ -31,7 +31,7 @@ from ember.graphpasses import (
     rewrite_attention_pregrad,
 )
 from ember.graphpasses.graph_edit import output_node
-from ember.runtime import compile_pool
+from ember.runtime import compile_cache, compile_pool
 from ember.runtime.compiler import compile_graph
 from ember.runtime.config import KNOBS, EmberConfigError, config
 from ember.runtime.devices import defaults_for
@@ -232,6 +232,10 @@ def _aot_call(
     if config.kernels == "auto" and on_cuda:
         # the workers start (and warm up) while AOTAutograd traces
         compile_pool.start(compile_pool.cuda_target(cuda[0]))
+    elif config.kernels == "auto" and compile_cache.enabled():
+        # the C++ compiler's identity and target, which a CPU graph's cache key holds,
+        # are asked for while AOTAutograd traces
+        compile_cache.prepare_cpu_target()
     # Hand-written attention -> SDPA on Dynamo's graph, so that AOTAutograd traces
     # SDPA's own backward too (after the split, the saved softmax blocks the ATen pattern).
     gm = rewrite_attention_pregrad(gm).graph_module
