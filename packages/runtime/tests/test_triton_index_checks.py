@@ -91,7 +91,8 @@ DIVISION_CASES = _division_cases()
 
 
 def run_case(name: str, cache: Path) -> dict[str, Any]:
-    from test_triton_kernels import _lower, run_with_triton
+    from triton_harness import lower_for_triton as _lower
+    from triton_harness import run_with_triton
 
     from ember.ir import IndexOutOfBounds
 
@@ -144,7 +145,7 @@ def test_in_interpreter(case: str, results: dict[str, dict[str, Any]]) -> None:
 
 
 def test_checked_kernels_ask_for_triton_debug() -> None:
-    from test_triton_kernels import _lower
+    from triton_harness import lower_for_triton as _lower
 
     from ember.codegen.triton import render_kernel
 
