@@ -27,11 +27,10 @@ from ember.runtime.matmul_choice import (
     WIN,
     MatmulDecision,
     MatmulTiming,
-    buffer_layouts,
     choose_matmuls,
     epilogue_bytes,
 )
-from ember.scheduler import FusedKernel, schedule_program
+from ember.scheduler import FusedKernel, buffer_layouts, schedule_program
 
 TEMPLATES = dataclasses.replace(TRITON_CHOICES, matmul_epilogues=True)
 PLAIN = TRITON_CHOICES

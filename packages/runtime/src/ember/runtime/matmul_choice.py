@@ -43,9 +43,9 @@ from typing import Any, Protocol
 import sympy
 import torch
 
-from ember.ir import BufferRef, ComputedBuffer, ExternKernel, Layout, MultiOutput, Program
+from ember.ir import BufferRef, ExternKernel, Layout, Program
 from ember.runtime.bounded import LRUCache
-from ember.scheduler import DeviceChoices, FusedKernel, Schedule, schedule_program
+from ember.scheduler import DeviceChoices, FusedKernel, Schedule, buffer_layouts, schedule_program
 
 log = logging.getLogger("ember.runtime")
 
@@ -172,22 +172,6 @@ def epilogue_bytes(kernel: FusedKernel, call: ExternKernel, layouts: Mapping[str
         if (member.stored or member.mutates) and target != call.name:
             total += _nbytes(member.layout)
     return total
-
-
-def buffer_layouts(program: Program) -> dict[str, Layout]:
-    """Every named buffer's layout in `program`: inputs, constants, computed values."""
-    layouts: dict[str, Layout] = {}
-    for value in (*program.inputs, *program.constants):
-        layout = getattr(value, "layout", None)
-        if isinstance(layout, Layout):
-            layouts[value.name] = layout
-    for node in program.nodes:
-        found = node.layout if isinstance(node, (ComputedBuffer, MultiOutput)) else None
-        if isinstance(node, ExternKernel):
-            found = node.layout
-        if found is not None:
-            layouts[node.name] = found
-    return layouts
 
 
 def _call_buffers(call: ExternKernel) -> list[str]:

@@ -37,7 +37,13 @@ from ember.scheduler.schedule import (
     Step,
 )
 from ember.scheduler.scheduler import schedule_program
-from ember.scheduler.traffic import computed_bytes, is_static, kernel_bytes, unfused_bytes
+from ember.scheduler.traffic import (
+    buffer_layouts,
+    computed_bytes,
+    is_static,
+    kernel_bytes,
+    unfused_bytes,
+)
 
 __all__ = [
     "DEFAULT_CHOICES",
@@ -62,6 +68,7 @@ __all__ = [
     "SelectOutput",
     "SortSpec",
     "Step",
+    "buffer_layouts",
     "computed_bytes",
     "is_static",
     "kernel_bytes",

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import sympy
 import torch
 
-from ember.ir import BufferRef, ComputedBuffer, ExternKernel, Layout, Load, MultiOutput, Program
+from ember.ir import BufferRef, ComputedBuffer, ExternKernel, Layout, Load, Program
 from ember.ir.expr import Cast, Node, Op
 from ember.ir.loops import Pointwise, Reduction
 from ember.ir.nodes import ComputeNode
@@ -44,6 +44,7 @@ from ember.ir.symbolic import index_var, is_loop_var
 from ember.scheduler.choices import DeviceChoices
 from ember.scheduler.indexing import affine_coefficient, store_index
 from ember.scheduler.iteration import merge_loop
+from ember.scheduler.traffic import buffer_layouts
 
 aten = torch.ops.aten
 
@@ -129,17 +130,7 @@ def template_matmuls(
     docstring."""
     if not (choices.matmul_templates and choices.matmul_epilogues):
         return program, {}
-    layouts: dict[str, Layout] = {}
-    for value in (*program.inputs, *program.constants):
-        layout = getattr(value, "layout", None)
-        if isinstance(layout, Layout):
-            layouts[value.name] = layout
-    for node in program.nodes:
-        layout = node.layout if isinstance(node, (ComputedBuffer, MultiOutput)) else None
-        if isinstance(node, ExternKernel):
-            layout = node.layout
-        if layout is not None:
-            layouts[node.name] = layout
+    layouts = buffer_layouts(program)
     pointwise_readers: set[str] = set()
     for node in program.nodes:
         if isinstance(node, ComputedBuffer) and isinstance(node.loop, Pointwise):

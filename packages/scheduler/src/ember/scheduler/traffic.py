@@ -10,7 +10,9 @@ from ember.ir import ComputedBuffer, Layout, Program, size_hint
 from ember.scheduler.kernel import FusedKernel
 
 
-def _layouts(program: Program) -> dict[str, Layout]:
+def buffer_layouts(program: Program) -> dict[str, Layout]:
+    """Every named buffer's layout in `program`: inputs, constants, computed values and
+    extern results (a multi-output extern's parts under their own names)."""
     found: dict[str, Layout] = {}
     for node in program.inputs:
         layout = getattr(node, "layout", None)
@@ -31,7 +33,7 @@ def _size(layout: Layout) -> int:
 
 def kernel_bytes(kernel: FusedKernel, program: Program) -> int:
     """Bytes `kernel` reads and writes (size symbols counted as `ember.ir.SIZE_HINT`)."""
-    layouts = _layouts(program)
+    layouts = buffer_layouts(program)
     read = sum(_size(layouts[name]) for name in kernel.inputs if name in layouts)
     written = sum(_size(m.layout) for m in kernel.members if m.stored)
     return read + written
@@ -39,7 +41,7 @@ def kernel_bytes(kernel: FusedKernel, program: Program) -> int:
 
 def unfused_bytes(program: Program) -> int:
     """Bytes the program's loop nodes would move as one kernel each."""
-    layouts = _layouts(program)
+    layouts = buffer_layouts(program)
     total = 0
     for node in program.nodes:
         if isinstance(node, ComputedBuffer):
@@ -53,7 +55,7 @@ def computed_bytes(kernel: FusedKernel, program: Program) -> int:
     """Bytes the buffers `kernel` computes (inlined ones included) would move as one
     kernel each: each reads its inputs once and writes itself once. Against
     `kernel_bytes`, what fusing them saved."""
-    layouts = _layouts(program)
+    layouts = buffer_layouts(program)
     nodes = {n.name: n for n in program.nodes if isinstance(n, ComputedBuffer)}
     total = 0
     for name in kernel.computes or tuple(m.name for m in kernel.members):
@@ -68,6 +70,6 @@ def computed_bytes(kernel: FusedKernel, program: Program) -> int:
 def is_static(kernel: FusedKernel, program: Program) -> bool:
     """Whether every buffer `kernel` reads or writes has static sizes (otherwise its
     byte counts take each size symbol as `ember.ir.SIZE_HINT` and are not the run's)."""
-    layouts = _layouts(program)
+    layouts = buffer_layouts(program)
     names = [*kernel.inputs, *(m.name for m in kernel.members)]
     return not any(layouts[n].numel().free_symbols for n in names if n in layouts)
