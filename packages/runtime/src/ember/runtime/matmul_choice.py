@@ -17,6 +17,10 @@ of that schedule compares
   own operands: cuBLAS reads those) and its outputs written (not the product itself:
   cuBLAS writes it). The epilogue's arithmetic (an erf, a tanh) is not counted, so
   the estimate of the unfused pair is low: a template has to win on its own time.
+  Where the schedule without templates computes no epilogue kernel of its own (each
+  epilogue member joined a larger kernel: a Llama block's residual add inside the
+  next RMSNorm's reduction), the epilogue is counted as free: fusing it into the
+  matmul saves no launch and no bytes there.
 
 A template stays where its time is under `WIN` times the unfused estimate (a margin
 for timing noise). Everything else stays an ATen call: a template that loses, one
@@ -110,10 +114,17 @@ def choose_matmuls(
     with_templates = schedule_program(program, templates)
     if not with_templates.matmuls:
         return with_templates, []
+    without = schedule_program(program, plain)
     layouts = {**buffer_layouts(program), **buffer_layouts(with_templates.program)}
     calls = {n.name: n for n in program.nodes if isinstance(n, ExternKernel)}
     decisions = [
-        decide(kernel, calls[with_templates.matmuls[kernel.name]], layouts, timer)
+        decide(
+            kernel,
+            calls[with_templates.matmuls[kernel.name]],
+            layouts,
+            timer,
+            standalone=epilogue_stands_alone(kernel, without),
+        )
         for kernel in with_templates.kernels
         if kernel.name in with_templates.matmuls
     ]
@@ -123,22 +134,45 @@ def choose_matmuls(
     if not keep:
         return with_templates, decisions
     if len(keep) == len(decisions):
-        return schedule_program(program, plain), decisions
+        return without, decisions
     return schedule_program(program, templates, keep), decisions
 
 
+def epilogue_stands_alone(kernel: FusedKernel, without: Schedule) -> bool:
+    """Whether the schedule without templates runs some of `kernel`'s epilogue as a
+    kernel of its own (one computing nothing but epilogue members). Where each
+    epilogue member joined a larger kernel instead (a residual add computed inside the
+    next norm's reduction), the unfused way launches no epilogue kernel and reads the
+    product once either way: its epilogue costs nothing extra."""
+    mine = {m.name for m in kernel.members}
+    for other in without.kernels:
+        names = {m.name for m in other.members}
+        if names & mine and names <= mine:
+            return True
+    return False
+
+
 def decide(
-    kernel: FusedKernel, call: ExternKernel, layouts: Mapping[str, Layout], timer: MatmulTimer
+    kernel: FusedKernel,
+    call: ExternKernel,
+    layouts: Mapping[str, Layout],
+    timer: MatmulTimer,
+    standalone: bool = True,
 ) -> MatmulDecision:
-    """Template or cuBLAS for one matmul kernel and the call it would replace."""
+    """Template or cuBLAS for one matmul kernel and the call it would replace
+    (`standalone`: whether the unfused way runs the epilogue as a kernel of its own,
+    `epilogue_stands_alone`; where not, the epilogue is counted as free)."""
     unmeasured = _unmeasurable(kernel, call, layouts)
     if unmeasured:
         return MatmulDecision(call.name, kernel.name, False, reason=unmeasured)
     try:
+        epilogue_ms = 0.0
+        if standalone:
+            epilogue_ms = timer.copy(epilogue_bytes(kernel, call, layouts), kernel.device)
         timing = MatmulTiming(
             template_ms=timer.template(kernel, layouts),
             extern_ms=timer.extern(call, layouts),
-            epilogue_ms=timer.copy(epilogue_bytes(kernel, call, layouts), kernel.device),
+            epilogue_ms=epilogue_ms,
         )
     except Exception as exc:  # a template that does not compile or run: cuBLAS
         reason = f"not measured: {type(exc).__name__}: {exc}"

@@ -876,8 +876,12 @@ def _aliased(tensors: Sequence[torch.Tensor]) -> bool:
 
 
 # Device clock cycles to keep the GPU waiting per timed launch while the host queues
-# them: 100k cycles is about 50 us at an H100's clocks, more than one launch's host time.
+# them: at least 100k (about 50 us at an H100's clocks, more than a lean launch's host
+# time), more where the host is slower (see `launch_ms`).
 _QUEUE_AHEAD_CYCLES = 100_000
+# Clock rate assumed to turn host seconds into device sleep cycles: about an H100's
+# boost clock. A slower clock only makes the wait longer.
+_CYCLES_PER_SECOND = 2.0e9
 
 
 def launch_ms(run: Callable[[], object], repeats: int = 10) -> float:
@@ -886,19 +890,34 @@ def launch_ms(run: Callable[[], object], repeats: int = 10) -> float:
     host's launch time stays out of the device's even where the host is the slower (a
     few-microsecond kernel launched through torch's dispatcher: timed without the wait,
     a 10 us copy measured 49 us on the H100, which made the matmul-template choice
-    overrate a separate epilogue kernel's cost 2-5x)."""
+    overrate a separate epilogue kernel's cost 2-5x).
+
+    The wait is sized from the host time of a warm-up call, and checked: where the
+    device had finished waiting before the host had queued the last launch (a host
+    slowed by other threads inside a compile: a 4 us cuBLAS call measured 170 us),
+    the round is timed again with a four times longer wait."""
     run()
+    begin = time.perf_counter()
     run()
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+    host_s = time.perf_counter() - begin
     sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is not None:
-        sleep(_QUEUE_AHEAD_CYCLES * repeats)  # the device waits while the host queues
-    for s, e in zip(start, end, strict=True):
-        s.record()
-        run()
-        e.record()
-    torch.cuda.synchronize()
+    per_launch = max(_QUEUE_AHEAD_CYCLES, int(2 * host_s * _CYCLES_PER_SECOND))
+    for _ in range(4):
+        start = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+        end = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]  # type: ignore[no-untyped-call]  # torch stub
+        awake = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stub
+        if sleep is not None:
+            sleep(per_launch * repeats)  # the device waits while the host queues
+        awake.record()
+        for s, e in zip(start, end, strict=True):
+            s.record()
+            run()
+            e.record()
+        queued_in_time = sleep is None or not awake.query()  # type: ignore[no-untyped-call]  # torch stub
+        torch.cuda.synchronize()
+        if queued_in_time:
+            break
+        per_launch *= 4
     times = sorted(float(s.elapsed_time(e)) for s, e in zip(start, end, strict=True))
     return times[len(times) // 2]
 
