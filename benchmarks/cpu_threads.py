@@ -1,7 +1,7 @@
 """Reduction kernels on the CPU at 1, 2, 4, 8 and 16 threads under each OpenMP
 schedule of their loop over outer points: the measurement behind the choice by thread
-count that the prelude makes (`ember::reduction_schedule`: `static` up to 4 threads,
-`dynamic,16` above) and behind the `EMBER_REDUCTION_SCHEDULE` setting.
+count that the prelude makes (`ember::reduction_schedule`: `static` on one thread,
+`guided` on more) and behind the `EMBER_REDUCTION_SCHEDULE` setting.
 
     uv run python benchmarks/cpu_threads.py [--threads 1,2,4,8,16] [--rounds 5]
         [--calls 10] [--scale 1.0] [--only softmax,sum_cols] [--schedules ...]

@@ -1,6 +1,6 @@
 """The OpenMP schedule of reduction kernels: `schedule(runtime)` loops whose schedule
 the library sets per loop from its thread count (the prelude's `ReductionSchedule`:
-static up to 4 threads, dynamic,16 above), the `EMBER_REDUCTION_SCHEDULE` setting
+static on one thread, guided on more), the `EMBER_REDUCTION_SCHEDULE` setting
 that fixes one with no rebuild, the macro that fixes one at build time, and the
 property that makes all of it safe: every schedule and every choice gives the same
 bits, since each outer point is reduced by one thread in a fixed order whichever
@@ -23,9 +23,9 @@ from ember.runtime.cpp_kernels import CompiledUnit, CppKernel, compile_cpp_sourc
 from ember.runtime.threads import parse_reduction_schedule, schedule_code
 
 RUN_TIME = ("auto", "static", "dynamic", "dynamic,3", "guided", "guided,7")
-THREADS = (1, 2, 8)  # 8: above the static threshold (dynamic,16), oversubscribed here
-# the choice by thread count: static up to 4, dynamic chunks of 16 above
-AUTO = {1: "static", 2: "static", 4: "static", 5: "dynamic,16", 8: "dynamic,16", 16: "dynamic,16"}
+THREADS = (1, 2, 8)  # 8: oversubscribed here
+# the choice by thread count: static on one thread, guided on more
+AUTO = {1: "static", 2: "guided", 4: "guided", 8: "guided", 16: "guided"}
 
 # row counts no thread count divides, rows short and long, a fused row kernel, columns
 CASES: dict[str, tuple[Callable[..., Any], tuple[int, ...]]] = {
@@ -80,7 +80,7 @@ def test_a_fixed_schedule_holds_at_every_thread_count(compiled: Any) -> None:
             assert [unit.reduction_schedule(t) for t in (1, 4, 16)] == [want] * 3
     finally:
         unit.set_reduction_schedule("auto")
-    assert unit.reduction_schedule(16) == "dynamic,16"
+    assert unit.reduction_schedule(16) == "guided"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -143,31 +143,34 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], tuple[lis
     )
     function = unit.library.probe
     function.restype = None
-    guided, five = schedule_code("guided,5")  # the caller's own, to be put back
+    caller = schedule_code("dynamic,5")  # the caller's own, to be put back
 
     def run(threads: int) -> tuple[list[int], ...]:
         n = 64
         owner, seen = (ctypes.c_int * n)(), (ctypes.c_int * 4)()
-        function(threads, guided, five, n, owner, seen)
+        function(threads, *caller, n, owner, seen)
         return list(owner), list(seen[:2]), list(seen[2:])
 
     return run
 
 
+# not 2: guided's first chunk is then static's first share, and its later chunks can
+# all fall to the other thread, as static would give them
 @pytest.mark.parametrize("count", [1, 4, 8, 16])
 def test_the_loop_runs_under_the_choice_and_the_caller_keeps_its_own(
     count: int, probe: Callable[[int], tuple[list[int], ...]]
 ) -> None:
     owner, inside, after = probe(count)
-    assert after == list(schedule_code("guided,5"))
-    if count <= 4:
+    assert after == list(schedule_code("dynamic,5"))
+    if count == 1:
         assert inside == [schedule_code("static")[0], 0]
         # equal contiguous shares, in thread order
         assert owner == [i * count // 64 for i in range(64)]
     else:
-        assert inside == list(schedule_code("dynamic,16"))
-        # whole chunks of 16 iterations: one thread each (static would give 64 / count)
-        assert all(len(set(owner[i : i + 16])) == 1 for i in range(0, 64, 16)), owner
+        assert inside == [schedule_code("guided")[0], 1]  # guided's least chunk: 1
+        # guided's chunks shrink (64 / count first, then less): one of them spans the
+        # boundary of two of static's equal shares, which static gives to two threads
+        assert owner != [i * count // 64 for i in range(64)], owner
 
 
 def test_the_setting_is_read_as_a_library_loads(tmp_path: Path) -> None:
@@ -180,7 +183,7 @@ def test_the_setting_is_read_as_a_library_loads(tmp_path: Path) -> None:
     # a second load of the same library (a cache hit, nothing rebuilt) under the default
     again = compile_cpp_source(source, cache_dir=tmp_path)
     assert again.compile_seconds == 0.0 and again.path == fixed.path
-    assert [again.reduction_schedule(t) for t in (1, 16)] == ["static", "dynamic,16"]
+    assert [again.reduction_schedule(t) for t in (1, 16)] == ["static", "guided"]
 
 
 def test_the_setting_parses_and_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,7 +211,7 @@ def test_end_to_end_results_do_not_depend_on_the_thread_count(
     threads: Callable[[int], None],
 ) -> None:
     """Through the backend: one compiled graph called at 1 thread (static) and at 8
-    (dynamic,16) gives the same bits."""
+    (guided) gives the same bits."""
 
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return x.sum(-1), x.mean(-1), x.var(-1), x.softmax(-1)

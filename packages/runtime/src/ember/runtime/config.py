@@ -289,7 +289,7 @@ KNOBS: dict[str, Knob[Any]] = {
         parse_reduction_schedule,
         lambda: "auto",
         "OpenMP schedule of CPU reduction kernels' loops over rows: 'auto' (default) "
-        "'static' up to 4 threads and 'dynamic,16' above, chosen per loop from its "
+        "'static' on one thread and 'guided' on more, chosen per loop from its "
         "thread count; or one of 'static', 'dynamic', 'guided', each optionally with "
         "',<chunk>', for every thread count. Applied as kernel libraries load (no "
         "rebuild); results are the same bits under every schedule.",

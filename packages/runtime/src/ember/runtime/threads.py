@@ -27,7 +27,7 @@ The policy, for the demo, `ember bench` and users alike:
   `OMP_WAIT_POLICY=passive` (or use fewer threads than cores) before starting Python.
 - A reduction kernel's loop over outer points is `schedule(runtime)`; the library
   sets its schedule per loop from the region's thread count (the prelude's
-  `ember::reduction_schedule`): `static` up to 4 threads, `dynamic,16` above. The
+  `ember::reduction_schedule`): `static` on one thread, `guided` on more. The
   `EMBER_REDUCTION_SCHEDULE` setting fixes one instead (`static`, `dynamic`, `guided`,
   each with an optional `,chunk`), applied to each library as it is loaded
   (`CompiledUnit.set_reduction_schedule`): no kernel is rebuilt for it. Results do not

@@ -55,12 +55,18 @@ constexpr int64_t kSplitMin = 4096;      // shortest reduction worth splitting o
 constexpr int64_t kStreamMin = 1 << 22;  // output bytes from which rows bypass the cache
 
 // The reduction schedule by thread count (`reduction_schedule`): `static` (equal
-// contiguous shares, no bookkeeping) up to kStaticThreadsMax threads, `dynamic` in
-// chunks of kDynamicChunk outer points above, where a few slow or descheduled threads
-// would otherwise hold up the region's end (benchmarks/cpu_threads.py measures both).
-constexpr int kStaticThreadsMax = 4;
-constexpr int kDynamicChunk = 16;
-constexpr int kScheduleStatic = 1, kScheduleDynamic = 2;  // omp_sched_t values
+// contiguous shares, no bookkeeping) up to kStaticThreadsMax threads, `guided` above
+// (shrinking chunks, the last ones a single outer point), which evens out threads
+// that start late or run slower. On 16 cores, three runs of benchmarks/cpu_threads.py
+// (benchmarks/results/cpu-threads-16core-2026-11-24-04bf2ec.md), guided against
+// static: one thread 0.997 (geomean of the time ratio over 6 cases), 2 threads 0.966
+// (faster in 15 of 18 case-runs), 4: 0.941 (17 of 18), 8: 0.915, 16: 0.954 (slower
+// only on the shortest sums, 0.06-0.15 ms, where static's own times moved 2x between
+// runs); `dynamic,16` was 1.5-3.8x slower on column sums and short rows at 8-16
+// threads (a column reduction's outer points are blocks of 64 columns: 64 of them
+// made 4 chunks for 16 threads).
+constexpr int kStaticThreadsMax = 1;
+constexpr int kScheduleStatic = 1, kScheduleGuided = 3;  // omp_sched_t values
 // A schedule fixed by the runtime: 0 (the choice by thread count), else an omp_sched_t
 // kind and its chunk (0: the kind's default). Internal to this library.
 static int fixed_schedule_kind = 0;
@@ -73,8 +79,8 @@ inline int reduction_schedule(int threads, int* chunk) {
     *chunk = fixed_schedule_chunk;
     return fixed_schedule_kind;
   }
-  *chunk = threads <= kStaticThreadsMax ? 0 : kDynamicChunk;
-  return threads <= kStaticThreadsMax ? kScheduleStatic : kScheduleDynamic;
+  *chunk = 0;  // each kind's default: equal shares (static), at least 1 (guided)
+  return threads <= kStaticThreadsMax ? kScheduleStatic : kScheduleGuided;
 }
 
 // Sets the calling thread's run-sched-var (what `schedule(runtime)` reads) for one

@@ -26,7 +26,7 @@ own partial state, combined in thread order afterwards (per-thread partials).
 
 The loop over outer points is `schedule(runtime)` (the prelude's
 `EMBER_REDUCTION_SCHEDULE`), its schedule set just before it by thread count
-(`ember::ReductionSchedule`: static up to 4 threads, dynamic chunks of 16 above). It
+(`ember::ReductionSchedule`: static on one thread, guided on more). It
 cannot change a result: one call of `ember_point` reduces an outer point (or a column
 block) whole, in an order fixed by the loops inside it, so a schedule only decides
 which thread makes that call. Per-thread partials do not use the schedule: their
