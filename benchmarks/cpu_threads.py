@@ -1,21 +1,28 @@
-"""Reduction kernels on the CPU at 1, 2, 4, 8 and 16 threads, under each OpenMP
-schedule of their loop over outer points: the measurement behind the prelude's
-`EMBER_REDUCTION_SCHEDULE` (static unless a machine shows otherwise).
+"""Reduction kernels on the CPU at 1, 2, 4, 8 and 16 threads under each OpenMP
+schedule of their loop over outer points: the measurement behind the choice by thread
+count that the prelude makes (`ember::reduction_schedule`: `static` on one thread,
+`guided` on more) and behind the `EMBER_REDUCTION_SCHEDULE` setting.
 
     uv run python benchmarks/cpu_threads.py [--threads 1,2,4,8,16] [--rounds 5]
         [--calls 10] [--scale 1.0] [--only softmax,sum_cols] [--schedules ...]
 
-Each case is traced, lowered and scheduled as the runtime does, then its kernels are
-built once per schedule (the same source with `#define EMBER_REDUCTION_SCHEDULE
-<schedule>` in front) into a fresh cache directory. For each thread count
+Each case is traced, lowered and scheduled as the runtime does and its kernels are
+built once, as ember builds them (`schedule(runtime)`); the schedules are then set on
+the loaded library between rounds (`CompiledUnit.set_reduction_schedule`: "auto" is
+the choice by thread count, the others fix one), as the setting does, with no
+rebuild. One more build fixes `static` at compile time (`#define
+EMBER_REDUCTION_SCHEDULE static` in front, the code before the run-time choice): the
+column "built static" prices the run-time dispatch itself. For each thread count
 (`torch.set_num_threads`, which the kernels follow), the schedules are timed in
-interleaved rounds (static, dynamic, ..., static, dynamic, ...): each round is the
-median of `--calls` calls with preallocated outputs, and each schedule keeps its
-fastest round, so that a burst of load on a shared machine costs one round rather
-than one schedule. Thread counts above the machine's CPU count are skipped unless
-named with `--threads`. The table gives ms per schedule and each one's time against
-static's (below 1.00: faster than static). On a 16-core machine it runs in about a
-minute; `--only` and `--threads` shorten it.
+interleaved rounds (auto, static, ..., auto, static, ...): each round is the median of
+`--calls` calls with preallocated outputs, and each schedule keeps its fastest round,
+so that a burst of load on a shared machine costs one round rather than one schedule.
+Thread counts above the machine's CPU count are skipped unless named with `--threads`.
+
+It prints a markdown table: ms per schedule, auto's choice, auto against static and
+against the fastest schedule of the row (1.00: auto was the fastest; 1.10: 10%
+slower). On a 16-core machine it runs in about a minute; `--only` and `--threads`
+shorten it.
 """
 
 from __future__ import annotations
@@ -38,22 +45,25 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ember.codegen.cpp import CPP_CHOICES, CppSource, render_kernels
 from ember.graphpasses import ember_decompositions
 from ember.ir import LoweringOptions, evaluate, lower_graph
-from ember.runtime.cpp_kernels import CppKernel, compile_cpp_source
-from ember.scheduler import schedule_program
+from ember.runtime.cpp_kernels import CompiledUnit, CppKernel, compile_cpp_source
+from ember.scheduler import FusedKernel, schedule_program
 
-SCHEDULES = ("static", "dynamic", "dynamic,16", "guided")
+AUTO = "auto"
+BUILT_STATIC = "built static"
+SCHEDULES = (AUTO, "static", "dynamic,16", "guided", BUILT_STATIC)
 THREADS = (1, 2, 4, 8, 16)
 
 
 def cases(scale: float) -> dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]]:
     """Reductions over rows (long, short, a count no thread count divides), over
-    columns, and the fused row kernels of softmax and layer norm."""
+    columns, and the fused row kernels of softmax, layer norm and variance."""
     rows = max(1, int(4096 * scale))
     x = torch.randn(rows, 2048)
     w, b = torch.randn(2048), torch.randn(2048)
     return {
         "sum_rows": (lambda x: x.sum(-1), (x,)),
         "sum_short_rows": (lambda x: x.sum(-1), (torch.randn(max(1, int(65536 * scale)), 128),)),
+        "var_rows": (lambda x: x.var(-1), (x,)),
         "softmax": (lambda x: x.softmax(-1), (x,)),
         "softmax_1000x3000": (lambda x: x.softmax(-1), (torch.randn(1000, 3000),)),
         "layer_norm": (lambda x, w, b: F.layer_norm(x, (2048,), w, b), (x, w, b)),
@@ -61,10 +71,25 @@ def cases(scale: float) -> dict[str, tuple[Callable[..., Any], tuple[torch.Tenso
     }
 
 
+Runner = Callable[[], None]
+
+
+def _runner(unit: CompiledUnit, kernels: list[FusedKernel], env: dict[str, Any]) -> Runner:
+    compiled = {info.name: CppKernel(unit, info) for info in unit.source.kernels}
+    calls = [(compiled[k.name], [env[n] for n in k.buffer_arguments()]) for k in kernels]
+
+    def run() -> None:
+        for kernel, tensors in calls:
+            kernel(*tensors)
+
+    return run
+
+
 def build(
     fn: Callable[..., Any], args: tuple[torch.Tensor, ...], schedules: list[str], cache: Path
-) -> dict[str, Callable[[], None]]:
-    """One runner per schedule: the case's kernels, outputs preallocated."""
+) -> tuple[CompiledUnit, dict[str, Runner]]:
+    """The library as ember builds it, and one runner per schedule: run-time ones set
+    the schedule on that library first; "built static" runs its own build."""
     gm = make_fx(fn, decomposition_table=ember_decompositions())(*args)
     program = lower_graph(gm, options=LoweringOptions(loops=True))
     schedule = schedule_program(program, CPP_CHOICES)
@@ -81,25 +106,26 @@ def build(
         raise SystemExit(
             f"no reduction loop with a schedule in {[k.name for k in schedule.kernels]}"
         )
-    runners: dict[str, Callable[[], None]] = {}
+    unit = compile_cpp_source(source, cache_dir=cache)
+    shared = _runner(unit, schedule.kernels, env)
+    runners: dict[str, Runner] = {}
     for name in schedules:
-        text = f"#define EMBER_REDUCTION_SCHEDULE {name}\n" + source.source
-        unit = compile_cpp_source(CppSource(text, source.kernels), cache_dir=cache)
-        compiled = {info.name: CppKernel(unit, info) for info in source.kernels}
-        calls = [
-            (compiled[kernel.name], [env[n] for n in kernel.buffer_arguments()])
-            for kernel in schedule.kernels
-        ]
+        if name == BUILT_STATIC:
+            text = "#define EMBER_REDUCTION_SCHEDULE static\n" + source.source
+            built = compile_cpp_source(CppSource(text, source.kernels), cache_dir=cache)
+            runners[name] = _runner(built, schedule.kernels, env)
+            continue
 
-        def run(calls: list[tuple[CppKernel, list[Any]]] = calls) -> None:
-            for kernel, tensors in calls:
-                kernel(*tensors)
+        def run(name: str = name) -> None:
+            unit.set_reduction_schedule(name)
+            shared()
 
         runners[name] = run
-    return runners
+    return unit, runners
 
 
-def round_ms(run: Callable[[], None], calls: int) -> float:
+def round_ms(run: Runner, calls: int) -> float:
+    run()  # sets the schedule (run-time ones) outside the timed calls
     samples = []
     for _ in range(calls):
         start = time.perf_counter()
@@ -111,7 +137,11 @@ def round_ms(run: Callable[[], None], calls: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", default="", help="comma-separated (default 1,2,4,8,16)")
-    parser.add_argument("--schedules", default=";".join(SCHEDULES), help="';'-separated")
+    parser.add_argument(
+        "--schedules",
+        default=";".join(SCHEDULES),
+        help="';'-separated: auto, built static, or EMBER_REDUCTION_SCHEDULE values",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10, help="calls per round (median)")
     parser.add_argument("--scale", type=float, default=1.0, help="rows of the 4096-row cases")
@@ -123,6 +153,10 @@ def main() -> None:
     else:
         counts = [t for t in THREADS if t <= cpus]
     schedules = [s.strip() for s in options.schedules.split(";") if s.strip()]
+    if AUTO not in schedules:
+        schedules.insert(0, AUTO)
+    if "static" not in schedules:
+        schedules.insert(1, "static")
     only = {n for n in options.only.split(",") if n}
     revision = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -130,32 +164,41 @@ def main() -> None:
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     print(f"torch {torch.__version__}, {cpus} CPUs, commit {revision or '?'}, load {load}")
     print(
-        f"threads {counts}; fastest of {options.rounds} rounds, each the median of "
-        f"{options.calls} calls"
+        f"threads {counts}; fastest of {options.rounds} interleaved rounds, each the median "
+        f"of {options.calls} calls; ms\n"
     )
-    header = f"{'case':<18} {'thr':>3}" + "".join(f" {s + ' ms':>14}" for s in schedules)
-    header += "".join(f" {s + '/st':>14}" for s in schedules[1:]) + "  best"
-    print(header)
+    print(
+        "| case | threads | auto's choice | "
+        + " | ".join(f"{s} ms" for s in schedules)
+        + " | auto / static | auto / fastest | fastest |"
+    )
+    print("|---|---:|---|" + "---:|" * len(schedules) + "---:|---:|---|")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ember-threads-") as cache:
         for name, (fn, args) in cases(options.scale).items():
             if only and name not in only:
                 continue
-            runners = build(fn, args, schedules, Path(cache))
+            unit, runners = build(fn, args, schedules, Path(cache))
             for threads in counts:
                 torch.set_num_threads(threads)
+                unit.set_reduction_schedule(AUTO)
+                choice = unit.reduction_schedule(threads)
                 for run in runners.values():
                     run()  # warm: pages, threads, caches
                 best = dict.fromkeys(schedules, float("inf"))
                 for _ in range(options.rounds):
                     for schedule, run in runners.items():
                         best[schedule] = min(best[schedule], round_ms(run, options.calls))
-                base = best[schedules[0]]
-                row = f"{name:<18} {threads:>3}" + "".join(f" {best[s]:>14.3f}" for s in schedules)
-                row += "".join(f" {best[s] / base:>14.2f}" for s in schedules[1:])
-                print(row + f"  {min(best, key=lambda s: best[s])}", flush=True)
+                fastest = min(best, key=lambda s: best[s])
+                cells = " | ".join(f"{best[s]:.3f}" for s in schedules)
+                print(
+                    f"| {name} | {threads} | {choice} | {cells} | "
+                    f"{best[AUTO] / best['static']:.2f} | {best[AUTO] / best[fastest]:.2f} | "
+                    f"{fastest} |",
+                    flush=True,
+                )
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    print(f"{time.perf_counter() - start:.0f} s, load {load}")
+    print(f"\n{time.perf_counter() - start:.0f} s, load {load}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ The lead's wrapper does this for real; here a small driver walks the schedule's 
 steps, allocates each stored buffer as the layout says (storage offset included),
 and calls the compiled kernels, so results can be compared with the IR interpreter
 (`ember.ir.run_program`) and with eager.
+
+Table-driven test modules (a `CASES` table of functions and inputs) take their module
+fixtures from `case_fixtures` (the IR patch, the traced cases, one compiled unit) and
+compare each case with `check_case` (compiled against the interpreter and eager,
+output by output), so that each module keeps only its cases and tolerances.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sympy
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -28,6 +34,7 @@ from ember.ir import (
     call_extern,
     evaluate,
     lower_graph,
+    run_program,
 )
 from ember.scheduler import (
     DEFAULT_CHOICES,
@@ -163,3 +170,71 @@ def leaves(tree: Any) -> list[Any]:
     if isinstance(tree, (list, tuple)):
         return [leaf for item in tree for leaf in leaves(item)]
     return [tree]
+
+
+def case_fixtures(cases: CaseTable, cache: str) -> tuple[Any, Any, Any]:
+    """The module fixtures of a table-driven C++ test module, to be bound as
+
+        _exact_ir_evaluation, traced, compiled = case_fixtures(CASES, "cpp-x-cache")
+
+    `_exact_ir_evaluation` (autouse) keeps `exact_ir_evaluation` in force for the whole
+    module; `traced`, every case traced (`trace_cases`); `compiled`, their kernels in
+    one unit built into a fresh directory named after `cache` (`compile_cases`)."""
+
+    @pytest.fixture(scope="module", autouse=True, name="_exact_ir_evaluation")
+    def patched() -> Iterator[None]:
+        yield from exact_ir_evaluation()
+
+    @pytest.fixture(scope="module", name="traced")
+    def traced(_exact_ir_evaluation: None) -> dict[str, Case]:
+        return trace_cases(cases)
+
+    @pytest.fixture(scope="module", name="compiled")
+    def compiled(
+        traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory
+    ) -> dict[str, Any]:
+        return compile_cases(traced, tmp_path_factory.mktemp(cache))
+
+    return patched, traced, compiled
+
+
+Tolerance = Callable[[torch.Tensor], tuple[float, float]]  # an output's (rtol, atol)
+
+
+def exact(_: torch.Tensor) -> tuple[float, float]:
+    """The tolerance of outputs that must equal bit for bit (NaN equal to NaN)."""
+    return 0.0, 0.0
+
+
+def check_case(
+    case: Case,
+    compiled: Mapping[str, Callable[..., None]],
+    inputs: Sequence[Sequence[Any]] = (),
+    *,
+    tolerance: Tolerance = exact,
+    eager_tolerance: Tolerance | None = None,
+    eager: bool | Callable[[torch.Tensor], bool] = True,
+    seed: int | None = None,
+) -> None:
+    """Run `case` compiled on its traced arguments and on each of `inputs`, and
+    require each output to have eager's dtype and shape and to be close to the IR
+    interpreter's (`tolerance`) and to eager's (`eager_tolerance`, by default the
+    same). `eager`: False to leave eager out (random numbers), or which outputs to
+    compare with eager's values (their dtype and shape are checked all the same).
+    `seed`: of random ops, in both runs (None: 0 compiled, the interpreter's own)."""
+    for args in [case.args, *inputs]:
+        got = leaves(run_compiled(case, compiled, args, seed=0 if seed is None else seed))
+        oracle = leaves(run_program(case.program, [_clone(a) for a in args], seed=seed))
+        want = leaves(case.fn(*[_clone(a) for a in args])) if eager is not False else oracle
+        for g, o, e in zip(got, oracle, want, strict=True):
+            assert g.dtype == e.dtype and g.shape == e.shape, (g.dtype, e.dtype, g.shape, e.shape)
+            rtol, atol = tolerance(g)
+            torch.testing.assert_close(g, o, rtol=rtol, atol=atol, equal_nan=True)
+            if eager is False or (callable(eager) and not eager(g)):
+                continue
+            rtol, atol = (eager_tolerance or tolerance)(g)
+            torch.testing.assert_close(g, e, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def _clone(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value

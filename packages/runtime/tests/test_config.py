@@ -81,6 +81,7 @@ BAD_VALUES = {
     "EMBER_RECOMPUTE": "some",
     "EMBER_PARTITIONER": "greedy",
     "EMBER_BACKWARD": "never",
+    "EMBER_REDUCTION_SCHEDULE": "runtime",
     "EMBER_LOGS": "loud",
 }
 

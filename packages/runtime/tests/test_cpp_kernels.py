@@ -7,16 +7,15 @@ second one. Kernel names are prefixed with the case name so they can share a uni
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from cpp_harness import Case, compile_cases, exact_ir_evaluation, leaves, run_compiled, trace_cases
+from cpp_harness import Case, case_fixtures, check_case, run_compiled
 
-from ember.ir import run_program
 from ember.runtime import cpp_kernels, threads
 from ember.runtime.cpp_kernels import CppCompileError, CppKernel, compile_cpp_kernels
 
@@ -247,34 +246,8 @@ OTHER_INPUTS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _patched_ir_evaluate() -> Iterator[None]:
-    """See `cpp_harness.exact_evaluate`: run_program fails on symbolic programs otherwise."""
-    yield from exact_ir_evaluation()
-
-
-@pytest.fixture(scope="module")
-def traced(_patched_ir_evaluate: None) -> dict[str, Case]:
-    return trace_cases(CASES)
-
-
-@pytest.fixture(scope="module")
-def compiled(traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return compile_cases(traced, tmp_path_factory.mktemp("cpp-cache"))
-
-
-def _assert_same(
-    got: Any, want: Any, *, exact: bool = False, rtol: float = 1e-5, atol: float = 1e-5
-) -> None:
-    got_leaves, want_leaves = leaves(got), leaves(want)
-    assert len(got_leaves) == len(want_leaves)
-    for g, w in zip(got_leaves, want_leaves, strict=True):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
-        if exact or not g.dtype.is_floating_point:
-            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
-        else:
-            torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
-
+# the IR patch (see `cpp_harness.exact_evaluate`), the traced cases, one compiled unit
+_exact_ir_evaluation, traced, compiled = case_fixtures(CASES, "cpp-cache")
 
 RANDOM = {"uniform", "normal"}
 
@@ -285,15 +258,23 @@ def test_case_matches_interpreter_and_eager(
 ) -> None:
     case = traced[name]
     assert case.kernels, "the case should produce fused kernels"
-    for args in [case.args, *OTHER_INPUTS.get(name, [])]:
-        got = run_compiled(case, compiled, args, seed=1234)
-        oracle = run_program(case.program, [a.clone() for a in args], seed=1234)
-        loose = name in ("split", "split_softmax", "sum_axes")  # long float sums, other order
-        _assert_same(got, oracle, exact=name == "uniform", rtol=1e-4 if loose else 1e-5)
-        if name in RANDOM:
-            continue
-        eager = case.fn(*[a.clone() for a in args])
-        _assert_same(got, eager, rtol=1e-4 if loose else 1e-5)
+    loose = name in ("split", "split_softmax", "sum_axes")  # long float sums, other order
+
+    def against_eager(output: torch.Tensor) -> tuple[float, float]:
+        return (1e-4 if loose else 1e-5, 1e-5) if output.dtype.is_floating_point else (0.0, 0.0)
+
+    def against_interpreter(output: torch.Tensor) -> tuple[float, float]:
+        return (0.0, 0.0) if name == "uniform" else against_eager(output)
+
+    check_case(
+        case,
+        compiled,
+        OTHER_INPUTS.get(name, []),
+        tolerance=against_interpreter,
+        eager_tolerance=against_eager,
+        eager=name not in RANDOM,
+        seed=1234,
+    )
 
 
 def test_half_copies_keep_bits(traced: dict[str, Case], compiled: dict[str, Any]) -> None:

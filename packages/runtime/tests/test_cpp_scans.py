@@ -4,14 +4,12 @@ strided inputs, empty and symbolic sizes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from cpp_harness import Case, compile_cases, exact_ir_evaluation, leaves, run_compiled, trace_cases
-
-from ember.ir import run_program
+from cpp_harness import Case, case_fixtures, check_case
 
 NAN, INF = float("nan"), float("inf")
 
@@ -81,20 +79,7 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
 OTHER_INPUTS = {"dynamic": [(torch.randn(3, 700),), (torch.randn(100, 1),)]}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _patched_ir_evaluate() -> Iterator[None]:
-    """As in test_cpp_kernels: run_program on symbolic programs needs exact bindings."""
-    yield from exact_ir_evaluation()
-
-
-@pytest.fixture(scope="module")
-def traced(_patched_ir_evaluate: None) -> dict[str, Case]:
-    return trace_cases(CASES)
-
-
-@pytest.fixture(scope="module")
-def compiled(traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return compile_cases(traced, tmp_path_factory.mktemp("cpp-scan-cache"))
+_exact_ir_evaluation, traced, compiled = case_fixtures(CASES, "cpp-scan-cache")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -103,19 +88,15 @@ def test_scan_kernels_match_interpreter_and_eager(
 ) -> None:
     case = traced[name]
     assert case.kernels and all(k.is_scan for k in case.kernels)
-    for args in [case.args, *OTHER_INPUTS.get(name, [])]:
-        got = leaves(run_compiled(case, compiled, args))
-        oracle = leaves(run_program(case.program, [a.clone() for a in args]))
-        eager = leaves(case.fn(*[a.clone() for a in args]))
-        for g, o, e in zip(got, oracle, eager, strict=True):
-            assert g.dtype == e.dtype and g.shape == e.shape
-            # float32 sums carry float64 as eager's CPU kernel does: the same numbers
-            exact = not g.dtype.is_floating_point or name in ("rows", "columns", "long_1d")
-            tol = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-5}
-            if g.dtype == torch.bfloat16:
-                tol = {"rtol": 1e-2, "atol": 1e-2}
-            torch.testing.assert_close(g, o, equal_nan=True, **tol)  # type: ignore[arg-type]
-            torch.testing.assert_close(g, e, equal_nan=True, **tol)  # type: ignore[arg-type]
+
+    def tolerance(output: torch.Tensor) -> tuple[float, float]:
+        if output.dtype == torch.bfloat16:
+            return 1e-2, 1e-2
+        # float32 sums carry float64 as eager's CPU kernel does: the same numbers
+        exact = not output.dtype.is_floating_point or name in ("rows", "columns", "long_1d")
+        return (0.0, 0.0) if exact else (1e-5, 1e-5)
+
+    check_case(case, compiled, OTHER_INPUTS.get(name, []), tolerance=tolerance)
 
 
 def test_sibling_scans_share_one_kernel_and_column_scans_use_lanes(

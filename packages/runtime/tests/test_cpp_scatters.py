@@ -5,15 +5,13 @@ for an index out of range. One compile for all the cases."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from cpp_harness import Case, compile_cases, exact_ir_evaluation, leaves, run_compiled, trace_cases
-
-from ember.ir import run_program
+from cpp_harness import Case, case_fixtures, check_case
 
 aten = torch.ops.aten
 G = torch.Generator().manual_seed(0)
@@ -88,19 +86,7 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _patched_ir_evaluate() -> Iterator[None]:
-    yield from exact_ir_evaluation()
-
-
-@pytest.fixture(scope="module")
-def traced(_patched_ir_evaluate: None) -> dict[str, Case]:
-    return trace_cases(CASES)
-
-
-@pytest.fixture(scope="module")
-def compiled(traced: dict[str, Case], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return compile_cases(traced, tmp_path_factory.mktemp("cpp-scatter-cache"))
+_exact_ir_evaluation, traced, compiled = case_fixtures(CASES, "cpp-scatter-cache")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -110,15 +96,10 @@ def test_scatter_kernels_match_interpreter_and_eager(
     case = traced[name]
     assert case.kernels
     assert not case.program.fallback_ops  # only views of results stay ATen calls
-    got = leaves(run_compiled(case, compiled, case.args))
-    oracle = leaves(run_program(case.program, [a.clone() for a in case.args]))
-    eager = leaves(case.fn(*[a.clone() for a in case.args]))
-    for g, o, e in zip(got, oracle, eager, strict=True):
-        assert g.dtype == e.dtype and g.shape == e.shape
-        tol = {"rtol": 1e-5, "atol": 1e-5}
-        if g.dtype == torch.bfloat16:
-            tol = {"rtol": 1e-2, "atol": 1e-2}
-        if name == "frexp" or not g.dtype.is_floating_point:
-            tol = {"rtol": 0, "atol": 0}
-        torch.testing.assert_close(g, o, equal_nan=True, **tol)  # type: ignore[arg-type]
-        torch.testing.assert_close(g, e, equal_nan=True, **tol)  # type: ignore[arg-type]
+
+    def tolerance(output: torch.Tensor) -> tuple[float, float]:
+        if name == "frexp" or not output.dtype.is_floating_point:
+            return 0.0, 0.0
+        return (1e-2, 1e-2) if output.dtype == torch.bfloat16 else (1e-5, 1e-5)
+
+    check_case(case, compiled, tolerance=tolerance)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from ember.runtime.store import private_directory
+from ember.runtime.threads import parse_reduction_schedule
 
 T = TypeVar("T")
 
@@ -283,6 +284,16 @@ KNOBS: dict[str, Knob[Any]] = {
         "and CPU family says so (measured on AMD Zen 5 with AVX-512; ATen's addmm/mm on "
         "other CPUs), else ATen's; 'onednn' always; 'aten' never.",
     ),
+    "reduction_schedule": Knob(
+        "EMBER_REDUCTION_SCHEDULE",
+        parse_reduction_schedule,
+        lambda: "auto",
+        "OpenMP schedule of CPU reduction kernels' loops over rows: 'auto' (default) "
+        "'static' on one thread and 'guided' on more, chosen per loop from its "
+        "thread count; or one of 'static', 'dynamic', 'guided', each optionally with "
+        "',<chunk>', for every thread count. Applied as kernel libraries load (no "
+        "rebuild); results are the same bits under every schedule.",
+    ),
     "matmul_templates": Knob(
         "EMBER_MATMUL_TEMPLATES",
         lambda text: _choice(text, ("auto", "on", "off")),
@@ -455,6 +466,10 @@ class EmberConfig:
     @property
     def cpu_gemm(self) -> str:
         return str(self.get("cpu_gemm"))
+
+    @property
+    def reduction_schedule(self) -> str:
+        return str(self.get("reduction_schedule"))
 
     @property
     def matmul_templates(self) -> str:

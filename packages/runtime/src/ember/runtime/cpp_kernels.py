@@ -6,10 +6,11 @@ loads it with ctypes and returns one callable per kernel. A callable takes torch
 tensors in `kernel.buffer_arguments()` order, then Python ints in
 `kernel.size_arguments()` order, and passes each tensor's *storage* base pointer (the
 kernels index storage offsets). Before each call the OpenMP thread count follows
-`torch.get_num_threads()`, in the OpenMP runtime ATen uses (ember.runtime.threads). A
-kernel that can find errors (an index outside its dimension, an integer division by
-zero: `KernelInfo.checks`) gets an error record too; when the kernel has set it, the
-call raises what eager would have raised
+`torch.get_num_threads()`, in the OpenMP runtime ATen uses, and reduction loops take
+the schedule of the `EMBER_REDUCTION_SCHEDULE` setting in force when the library was
+loaded (ember.runtime.threads). A kernel that can find errors (an index outside its
+dimension, an integer division by zero: `KernelInfo.checks`) gets an error record too;
+when the kernel has set it, the call raises what eager would have raised
 (`IndexOutOfBounds`, or a RuntimeError saying ZeroDivisionError), naming the op, the
 graph node and the bad index: the kernel itself never reads or writes outside a
 buffer, nor traps.
@@ -70,8 +71,14 @@ import torch
 from ember.codegen.cpp import CppSource, KernelInfo
 from ember.ir import IndexOutOfBounds, index_error_message
 from ember.runtime.cache import FAILED_CPP_STORE, entry_store
+from ember.runtime.config import config
 from ember.runtime.store import Entry, EntryStore
-from ember.runtime.threads import check_openmp_runtimes
+from ember.runtime.threads import (
+    check_openmp_runtimes,
+    parse_reduction_schedule,
+    schedule_code,
+    schedule_name,
+)
 from ember.scheduler import FusedKernel
 
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
@@ -149,11 +156,42 @@ class CompiledUnit:
     flags: tuple[str, ...]
     threads: list[int] = field(default_factory=lambda: [-1])  # last count set, shared
 
+    def __post_init__(self) -> None:
+        self.set_reduction_schedule(config.reduction_schedule)
+
     def sync_threads(self) -> None:
         wanted = torch.get_num_threads()
         if wanted != self.threads[0]:
             self.library.ember_set_num_threads(ctypes.c_int(wanted))
             self.threads[0] = wanted
+
+    def set_reduction_schedule(self, setting: str) -> None:
+        """Fix the schedule of the library's reduction loops (an
+        `EMBER_REDUCTION_SCHEDULE` value), or with "auto" let each loop choose by its
+        thread count. A library built before the choice existed keeps its own."""
+        kind, chunk = schedule_code(parse_reduction_schedule(setting))
+        setter = _symbol(self.library, "ember_set_reduction_schedule")
+        if setter is not None:
+            setter(ctypes.c_int(kind), ctypes.c_int(chunk))
+
+    def reduction_schedule(self, threads: int) -> str | None:
+        """The schedule the library's reduction loops take when run by `threads`
+        threads ("static", "dynamic,16", ...); None for a library built before the
+        choice existed."""
+        query = _symbol(self.library, "ember_reduction_schedule")
+        if query is None:
+            return None
+        chunk = ctypes.c_int(0)
+        kind = query(ctypes.c_int(threads), ctypes.byref(chunk))
+        return schedule_name(int(kind), chunk.value)
+
+
+def _symbol(library: ctypes.CDLL, name: str) -> Any:
+    """A function of `library`, or None where it has none of that name."""
+    try:
+        return getattr(library, name)
+    except AttributeError:
+        return None
 
 
 class CppKernel:
@@ -242,6 +280,14 @@ def load_library(path: Path) -> ctypes.CDLL:
     loaded = ctypes.CDLL(str(path))
     loaded.ember_set_num_threads.argtypes = [ctypes.c_int]
     loaded.ember_set_num_threads.restype = None
+    setter = _symbol(loaded, "ember_set_reduction_schedule")
+    if setter is not None:
+        setter.argtypes = [ctypes.c_int, ctypes.c_int]
+        setter.restype = None
+    query = _symbol(loaded, "ember_reduction_schedule")
+    if query is not None:
+        query.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        query.restype = ctypes.c_int
     check_openmp_runtimes()
     return loaded
 

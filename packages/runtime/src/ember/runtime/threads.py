@@ -25,6 +25,13 @@ The policy, for the demo, `ember bench` and users alike:
   collapses (mean 1.7-1.8 ms) but every region then pays a wake-up (fastest 1.4-1.6 ms);
   `GOMP_SPINCOUNT=1000` sits between. On a machine shared with steady load, set
   `OMP_WAIT_POLICY=passive` (or use fewer threads than cores) before starting Python.
+- A reduction kernel's loop over outer points is `schedule(runtime)`; the library
+  sets its schedule per loop from the region's thread count (the prelude's
+  `ember::reduction_schedule`): `static` on one thread, `guided` on more. The
+  `EMBER_REDUCTION_SCHEDULE` setting fixes one instead (`static`, `dynamic`, `guided`,
+  each with an optional `,chunk`), applied to each library as it is loaded
+  (`CompiledUnit.set_reduction_schedule`): no kernel is rebuilt for it. Results do not
+  depend on the schedule (ember.codegen.cpp.reduction_loops says why).
 """
 
 from __future__ import annotations
@@ -76,3 +83,39 @@ def check_openmp_runtimes() -> list[str]:
             ", ".join(runtimes),
         )
     return runtimes
+
+
+# omp_sched_t's kinds, as the prelude's `ember_set_reduction_schedule` takes them
+SCHEDULE_KINDS = {"static": 1, "dynamic": 2, "guided": 3}
+AUTO_SCHEDULE = "auto"
+
+
+def parse_reduction_schedule(text: str) -> str:
+    """An `EMBER_REDUCTION_SCHEDULE` value, spelt one way ("auto", "static",
+    "dynamic,16"); ValueError naming what it accepts otherwise."""
+    value = "".join(text.split()).lower() or AUTO_SCHEDULE
+    kind, comma, chunk = value.partition(",")
+    if value == AUTO_SCHEDULE or (kind in SCHEDULE_KINDS and not comma):
+        return value
+    if kind in SCHEDULE_KINDS and chunk.isdigit() and int(chunk) > 0:
+        return f"{kind},{int(chunk)}"
+    raise ValueError(
+        "'auto' (by thread count), or 'static', 'dynamic' or 'guided', each optionally "
+        "with ',<chunk>' (a whole number, 1 or more)"
+    )
+
+
+def schedule_code(setting: str) -> tuple[int, int]:
+    """(omp_sched_t kind, chunk) of a parsed schedule setting; (0, 0) for "auto", and
+    chunk 0 where the setting names none (the kind's default)."""
+    if setting == AUTO_SCHEDULE:
+        return 0, 0
+    kind, _, chunk = setting.partition(",")
+    return SCHEDULE_KINDS[kind], int(chunk or 0)
+
+
+def schedule_name(kind: int, chunk: int) -> str:
+    """The setting's spelling of an (omp_sched_t kind, chunk) pair."""
+    names = {code: name for name, code in SCHEDULE_KINDS.items()}
+    name = names.get(kind, f"kind {kind}")
+    return f"{name},{chunk}" if chunk > 0 else name

@@ -46,14 +46,23 @@ def parallel_clause(e: Emitter, ranges: Sequence[sympy.Expr], extra: str = "") -
 
 
 def parallel_pragma(
-    e: Emitter, ranges: Sequence[sympy.Expr], loops: int, extra: str = "", schedule: str = ""
+    e: Emitter,
+    ranges: Sequence[sympy.Expr],
+    loops: int,
+    extra: str = "",
+    schedule: str = "",
+    before: str = "",
 ) -> None:
     """`#pragma omp parallel for` over the next `loops` loops, unless the work is
     statically small; with a runtime `if` when it is symbolic, and `schedule(...)` when
-    `schedule` names one (the implementation's default, static in libgomp, otherwise)."""
+    `schedule` names one (the implementation's default, static in libgomp, otherwise).
+    `before`: a statement for the line in front of the pragma, where there is one (the
+    object that sets a `schedule(runtime)` loop's schedule)."""
     clause = parallel_clause(e, ranges, extra)
     if loops == 0 or clause is None:
         return
+    if before:
+        e.line(before)
     collapse = f" collapse({loops})" if loops > 1 else ""
     scheduled = f" schedule({schedule})" if schedule else ""
     e.line(f"#pragma omp parallel for{collapse}{scheduled}{clause}")

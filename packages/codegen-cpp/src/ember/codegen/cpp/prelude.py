@@ -33,15 +33,16 @@ static inline void omp_set_num_threads(int) {}
 #include <cstdlib>
 #endif
 // The OpenMP schedule of a reduction kernel's loop over its outer points (rows, or
-// blocks of columns). A macro, so that benchmarks/cpu_threads.py can build the same
-// kernels with another schedule and time them side by side at 1 to 16 threads.
-// `static` (equal contiguous shares, libgomp's default before the clause was named):
-// on the 2-core VM at one thread `guided` matched it and `dynamic` (chunks of one
-// point) was 15-37% slower on short rows; two-thread runs there measured the
-// neighbours' load, not the schedule (benchmarks/results/cpu-kernels-2core-2026-11-24-
-// 7109a11.md). The choice for many cores is the script's to make.
+// blocks of columns): `runtime`, so that one build serves every thread count. Each
+// such loop runs inside a `ReductionSchedule` (below), which sets the schedule the
+// loop reads from the thread count of the region it is about to start, unless the
+// runtime fixed one (`ember_set_reduction_schedule`, from the EMBER_REDUCTION_SCHEDULE
+// setting). Defining the macro in front of the prelude as a schedule clause (`static`,
+// `dynamic,16`, `guided`, ...) fixes it at build time instead. No schedule changes a
+// result: each outer point is reduced by one thread in a fixed order, whichever thread
+// that is; only which thread takes which points differs.
 #ifndef EMBER_REDUCTION_SCHEDULE
-#define EMBER_REDUCTION_SCHEDULE static
+#define EMBER_REDUCTION_SCHEDULE runtime
 #endif
 
 namespace ember {
@@ -52,6 +53,56 @@ constexpr int kMaxThreads = 256;         // per-thread partials of split reducti
 constexpr int64_t kParallelMin = 32768;  // less work than this runs on one thread
 constexpr int64_t kSplitMin = 4096;      // shortest reduction worth splitting over threads
 constexpr int64_t kStreamMin = 1 << 22;  // output bytes from which rows bypass the cache
+
+// The reduction schedule by thread count (`reduction_schedule`): `static` (equal
+// contiguous shares, no bookkeeping) up to kStaticThreadsMax threads, `guided` above
+// (shrinking chunks, the last ones a single outer point), which evens out threads
+// that start late or run slower. On 16 cores, three runs of benchmarks/cpu_threads.py
+// (benchmarks/results/cpu-threads-16core-2026-11-24-04bf2ec.md), guided against
+// static: one thread 0.997 (geomean of the time ratio over 6 cases), 2 threads 0.966
+// (faster in 15 of 18 case-runs), 4: 0.941 (17 of 18), 8: 0.915, 16: 0.954 (slower
+// only on the shortest sums, 0.06-0.15 ms, where static's own times moved 2x between
+// runs); `dynamic,16` was 1.5-3.8x slower on column sums and short rows at 8-16
+// threads (a column reduction's outer points are blocks of 64 columns: 64 of them
+// made 4 chunks for 16 threads).
+constexpr int kStaticThreadsMax = 1;
+constexpr int kScheduleStatic = 1, kScheduleGuided = 3;  // omp_sched_t values
+// A schedule fixed by the runtime: 0 (the choice by thread count), else an omp_sched_t
+// kind and its chunk (0: the kind's default). Internal to this library.
+static int fixed_schedule_kind = 0;
+static int fixed_schedule_chunk = 0;
+
+// The schedule (omp_sched_t kind, chunk into `*chunk`) of reduction loops run by
+// `threads` threads.
+inline int reduction_schedule(int threads, int* chunk) {
+  if (fixed_schedule_kind != 0) {
+    *chunk = fixed_schedule_chunk;
+    return fixed_schedule_kind;
+  }
+  *chunk = 0;  // each kind's default: equal shares (static), at least 1 (guided)
+  return threads <= kStaticThreadsMax ? kScheduleStatic : kScheduleGuided;
+}
+
+// Sets the calling thread's run-sched-var (what `schedule(runtime)` reads) for one
+// loop and puts the caller's back afterwards: each loop sets it itself, so neither the
+// thread that calls the kernel nor OMP_SCHEDULE nor ATen's code can leave another.
+struct ReductionSchedule {
+#ifdef _OPENMP
+  omp_sched_t saved_kind;
+  int saved_chunk;
+  ReductionSchedule() {
+    omp_get_schedule(&saved_kind, &saved_chunk);
+    int chunk = 0;
+    const int kind = reduction_schedule(omp_get_max_threads(), &chunk);
+    omp_set_schedule(static_cast<omp_sched_t>(kind), chunk);
+  }
+  ~ReductionSchedule() { omp_set_schedule(saved_kind, saved_chunk); }
+#else
+  ReductionSchedule() = default;
+#endif
+  ReductionSchedule(const ReductionSchedule&) = delete;
+  ReductionSchedule& operator=(const ReductionSchedule&) = delete;
+};
 
 inline uint32_t f32_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float bits_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -769,4 +820,12 @@ inline void check_index(const char* kernel, const char* buffer, int64_t index, i
 
 extern "C" void ember_set_num_threads(int threads) { omp_set_num_threads(threads); }
 extern "C" int ember_get_max_threads() { return omp_get_max_threads(); }
+// kind 0: the schedule by thread count; 1, 2, 3: static, dynamic, guided with `chunk`.
+extern "C" void ember_set_reduction_schedule(int kind, int chunk) {
+  ember::fixed_schedule_kind = kind;
+  ember::fixed_schedule_chunk = chunk;
+}
+extern "C" int ember_reduction_schedule(int threads, int* chunk) {
+  return ember::reduction_schedule(threads, chunk);
+}
 """

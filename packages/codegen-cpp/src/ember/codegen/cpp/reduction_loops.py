@@ -23,6 +23,16 @@ one load reads a column):
 When there are fewer outer work items than threads and the reduction is long, each
 pass splits the outermost reduction variable over the threads, each thread with its
 own partial state, combined in thread order afterwards (per-thread partials).
+
+The loop over outer points is `schedule(runtime)` (the prelude's
+`EMBER_REDUCTION_SCHEDULE`), its schedule set just before it by thread count
+(`ember::ReductionSchedule`: static on one thread, guided on more). It
+cannot change a result: one call of `ember_point` reduces an outer point (or a column
+block) whole, in an order fixed by the loops inside it, so a schedule only decides
+which thread makes that call. Per-thread partials do not use the schedule: their
+`omp parallel` splits the reduction by thread number into fixed ranges and the
+partials are combined in thread order, so their result depends on the thread count,
+as it always did, and on nothing else.
 """
 
 from __future__ import annotations
@@ -51,7 +61,9 @@ SPLIT = (
     "const bool ember_split = "
     "ember_outer < omp_get_max_threads() && ember_inner >= ember::kSplitMin;"
 )
-SCHEDULE = "EMBER_REDUCTION_SCHEDULE"  # a macro of the prelude: static unless redefined
+SCHEDULE = "EMBER_REDUCTION_SCHEDULE"  # a macro of the prelude: runtime unless redefined
+# sets the schedule that `schedule(runtime)` reads for the loop after it (the prelude)
+SCHEDULE_SCOPE = "const ember::ReductionSchedule ember_schedule;"
 THREADS = "#pragma omp parallel num_threads(std::min(omp_get_max_threads(), ember::kMaxThreads))"
 
 Rules = list[tuple[KernelMember, ReductionRule, str]]  # member, its rule, accumulator type
@@ -154,7 +166,13 @@ class ReductionEmitter:
         with e.block("if (ember_split)"), nested_loops(e, loop_vars, bounds):
             e.line(call + "true);")
         with e.block("else"):
-            parallel_pragma(e, [*ranges, *kernel.reduction_ranges], self.n, schedule=SCHEDULE)
+            parallel_pragma(
+                e,
+                [*ranges, *kernel.reduction_ranges],
+                self.n,
+                schedule=SCHEDULE,
+                before=SCHEDULE_SCOPE,
+            )
             with nested_loops(e, loop_vars, bounds):
                 e.line(call + "false);")
 
