@@ -59,6 +59,35 @@ def test_inference_replays_with_eager_values_and_held_results_keep_theirs() -> N
     assert len({t.data_ptr() for t in held}) == len(held)
 
 
+def test_inference_results_dropped_before_the_next_call_are_not_copied() -> None:
+    """A caller that drops each result before the next call gets the recording's own
+    memory every replay (lent, no copy out); one that keeps a result gets later
+    results elsewhere, and the kept one keeps its values."""
+    model = _mlp().eval()
+    compiled = torch.compile(model, backend="ember", options={"cudagraphs": "on"})
+    before = {id(g) for g in _graphed_calls()}
+    x = torch.randn(16, 64, device="cuda")
+    with torch.no_grad():
+        want = model(x)
+        pointers = []
+        for _ in range(5):
+            out = compiled(x)
+            pointers.append(out.data_ptr())
+            torch.testing.assert_close(out, want)
+            del out
+        kept = compiled(x * 2)
+        kept_value = kept.clone()
+        later = [compiled(x) for _ in range(3)]
+    (call,) = [g for g in _graphed_calls() if id(g) not in before]
+    (recording,) = call._recordings.values()
+    assert recording.lent_storages and not recording.sources, "results were copied out"
+    assert len(set(pointers[2:])) == 1  # replays 2..: the same lent memory each time
+    assert {t.data_ptr() for t in later}.isdisjoint({kept.data_ptr()})
+    torch.testing.assert_close(kept, kept_value, rtol=0, atol=0)
+    for t in later:
+        torch.testing.assert_close(t, want)
+
+
 def test_each_reason_not_to_record_is_recorded_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

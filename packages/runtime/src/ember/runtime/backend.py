@@ -58,8 +58,9 @@ def _compile_kind(
     with config.frozen(settings):
         static = _static_inputs() if kind != "backward" else ()
         # a forward lends what it saves for the backward, a backward its gradients
-        # (autograd moves them into `.grad`; ember.runtime.cudagraphs)
-        lend = _saved_outputs_start() if kind == "forward" else 0 if kind == "backward" else None
+        # (autograd moves them into `.grad`), an inference graph its results (a caller
+        # that drops them before the next call saves their copy; ember.runtime.cudagraphs)
+        lend = _saved_outputs_start() if kind == "forward" else 0
         return compile_graph(
             gm, example_inputs, name=kind, static_inputs=static, lend_outputs_from=lend
         )
