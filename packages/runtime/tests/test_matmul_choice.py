@@ -66,6 +66,9 @@ class FakeTimer:
         self.copies.append(nbytes)
         return self.copy_ms
 
+    def prepare(self, kernels: list[FusedKernel]) -> None:
+        self.prepared = [self._call_of(k) for k in kernels]
+
 
 def _lower(fn: Callable[..., Any], *args: torch.Tensor) -> Program:
     gm = make_fx(fn, decomposition_table=ember_decompositions())(*args)
@@ -117,6 +120,7 @@ def test_each_matmul_goes_the_way_its_times_say() -> None:
     assert set(by_call) == {mm, addmm}
     assert by_call[addmm].template and not by_call[mm].template
     assert sorted(timer.externs) == sorted([mm, addmm])  # each measured once
+    assert sorted(timer.prepared) == sorted([mm, addmm])  # compiled together, first
     assert _extern_matmuls(schedule) == [mm]  # the loser stays cuBLAS ...
     (template,) = [k for k in schedule.kernels if k.matmul is not None]
     assert schedule.matmuls == {template.name: addmm}  # ... the winner is a template

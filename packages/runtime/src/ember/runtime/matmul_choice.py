@@ -104,6 +104,10 @@ class MatmulTimer(Protocol):
 
     def copy(self, nbytes: int, device: torch.device) -> float: ...
 
+    def prepare(self, kernels: list[FusedKernel]) -> None:
+        """Start whatever `template` will need for `kernels` (their compiles), so the
+        measurements that follow wait for all of them at once, not one by one."""
+
 
 def choose_matmuls(
     program: Program, templates: DeviceChoices, plain: DeviceChoices, timer: MatmulTimer
@@ -117,6 +121,7 @@ def choose_matmuls(
     without = schedule_program(program, plain)
     layouts = {**buffer_layouts(program), **buffer_layouts(with_templates.program)}
     calls = {n.name: n for n in program.nodes if isinstance(n, ExternKernel)}
+    timer.prepare([k for k in with_templates.kernels if k.name in with_templates.matmuls])
     decisions = [
         decide(
             kernel,
@@ -231,11 +236,25 @@ class CudaMatmulTimer:
 
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = cache_dir
+        self._launchers: dict[str, Any] = {}  # kernel name -> launcher (`prepare`)
+
+    def prepare(self, kernels: list[FusedKernel]) -> None:
+        """Render every template and start all their configs compiling together (the
+        compile pool works on the graph's distinct templates at once; one by one,
+        each measurement waited for its own compiles)."""
+        from ember.runtime.triton_kernels import compile_triton_kernels
+
+        try:
+            self._launchers.update(compile_triton_kernels(kernels, cache_dir=self.cache_dir))
+        except Exception:  # each template is compiled again, and fails, on its own
+            log.debug("matmul templates: compiling them together failed", exc_info=True)
 
     def template(self, kernel: FusedKernel, layouts: Mapping[str, Layout]) -> float:
         from ember.runtime.triton_kernels import TritonLauncher, compile_triton_kernels
 
-        launcher = compile_triton_kernels([kernel], cache_dir=self.cache_dir)[kernel.name]
+        launcher = self._launchers.get(kernel.name)
+        if launcher is None:
+            launcher = compile_triton_kernels([kernel], cache_dir=self.cache_dir)[kernel.name]
         assert isinstance(launcher, TritonLauncher)
         names = kernel.buffer_arguments()
         key = (launcher.digest, *(_describe(layouts[n]) for n in names))
