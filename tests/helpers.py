@@ -129,3 +129,104 @@ def train_batch_norm_with_dynamic_batch(device: str, batches: tuple[int, ...]) -
     assert all(
         "sym_" in r.wrapper_path.read_text() for r in compile_records[start:] if r.wrapper_path
     )
+
+
+def check_batch_norm_backward(
+    device: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    *,
+    train: bool,
+    channels_last: bool = False,
+    weight: bool = True,
+    mask: tuple[bool, bool, bool] = (True, True, True),
+    param_dtype: torch.dtype | None = None,
+) -> None:
+    """`aten.native_batch_norm_backward` compiled by ember (lowered, not an ATen call:
+    fallbacks off) against the eager op: each asked-for gradient equal, with eager's
+    dtype and strides, and None where `mask` asks for none. Half-precision inputs are
+    computed in float32 and rounded once, as eager does, so they compare at their own
+    precision. `param_dtype` (default `dtype`) is that of the weight and statistics:
+    float32 with a bfloat16 input is the mixed form eager's CPU kernel takes."""
+    g = torch.Generator().manual_seed(0)
+    channels = shape[1]
+    param_dtype = param_dtype or dtype
+
+    def make(size: tuple[int, ...], scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+        return (torch.randn(size, generator=g) * scale + shift).to(device)
+
+    x = make(shape, 2.0, 0.5).to(dtype)
+    dy = make(shape).to(dtype)
+    if channels_last:
+        memory_format = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+        x, dy = (
+            x.contiguous(memory_format=memory_format),
+            dy.contiguous(memory_format=memory_format),
+        )
+    dims = [0, *range(2, len(shape))]
+    mean = x.float().mean(dims)
+    invstd = (x.float().var(dims, unbiased=False) + 1e-5).rsqrt()
+    w = make((channels,)).to(param_dtype) if weight else None
+    running_mean = make((channels,), 0.5).to(param_dtype)
+    running_var = (make((channels,)).abs() + 0.5).to(param_dtype)
+    saved = (mean.to(param_dtype), invstd.to(param_dtype)) if train else (None, None)
+
+    def backward(*args: Any) -> Any:
+        dy, x, w, rm, rv, sm, si = args
+        return torch.ops.aten.native_batch_norm_backward.default(
+            dy, x, w, rm, rv, sm, si, train, 1e-5, list(mask)
+        )
+
+    args = (dy, x, w, running_mean, running_var, *saved)
+    expected = backward(*args)
+    start = len(compile_records)
+    with config.scope(strict=True, fallback=False):
+        actual = torch.compile(backward, backend="ember", fullgraph=True)(*args)
+    assert_compiled_by_ember(start)
+    assert all(not r.fallback_ops for r in compile_records[start:])
+    for k, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert (a is None) == (e is None) == (not mask[k]), k
+        if a is None:
+            continue
+        assert a.dtype == e.dtype and a.stride() == e.stride(), (k, a.stride(), e.stride())
+        # a half type: at most one unit in the last place apart (both round the same
+        # float32 value once; only the order of the float32 sums differs)
+        half = e.dtype in (torch.bfloat16, torch.float16)
+        rtol = torch.finfo(e.dtype).eps if half else 1e-4
+        torch.testing.assert_close(a, e, rtol=rtol, atol=1e-5, msg=f"output {k}")
+
+
+def check_batch_norm_gradients(device: str, shape: tuple[int, ...], *, train: bool) -> None:
+    """Gradients of the input, weight and bias of `F.batch_norm` in training or eval
+    mode, compiled by ember (the backward graph holds `native_batch_norm_backward`,
+    lowered) against eager, with a loss that weighs every element differently."""
+    g = torch.Generator().manual_seed(1)
+    channels = shape[1]
+    leaves = [
+        torch.randn(shape, generator=g) * 3 + 1,
+        torch.randn(channels, generator=g),
+        torch.randn(channels, generator=g),
+    ]
+    stats = [torch.randn(channels, generator=g), torch.rand(channels, generator=g) + 0.5]
+    scale = torch.randn(shape, generator=g).to(device)
+
+    def step(
+        x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, rm: torch.Tensor, rv: torch.Tensor
+    ) -> torch.Tensor:
+        out = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=train, momentum=0.1)
+        return (torch.relu(out) * scale).sum()
+
+    results = []
+    start = len(compile_records)
+    runs: list[Callable[..., torch.Tensor]] = [step, torch.compile(step, backend="ember")]
+    for fn in runs:
+        params = [t.to(device, copy=True).requires_grad_() for t in leaves]
+        running = [t.to(device, copy=True) for t in stats]
+        with config.scope(strict=True, fallback=False):
+            fn(*params, *running).backward()  # type: ignore[no-untyped-call]  # torch stub
+        results.append(([p.grad for p in params], running))
+    assert_compiled_by_ember(start, backward=True)
+    (expected, expected_running), (actual, actual_running) = results
+    for name, a, e in zip(("input", "weight", "bias"), actual, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(actual_running, expected_running)

@@ -102,7 +102,14 @@ def test_training_joint_graph_runs_channels_last_with_eager_gradients() -> None:
     """On the joint graph, before the split: the forward's convolutions and their
     backward read channels-last inputs, the saved activations cross channels-last,
     and the loss, the input's gradient and every parameter's gradient equal eager's,
-    with the parameters' strides (the weight gradients are copied back)."""
+    with the parameters' strides (the weight gradients are copied back).
+
+    The parameters' gradients are compared with eager run channels-last: the graphs
+    run as ATen calls here, and batch norm's backward stays one op
+    (`native_batch_norm_backward`), whose channels-last CPU kernel rounds its
+    per-channel sums differently from the contiguous one (against float64, the
+    gradient of conv2's bias, 0 but for rounding, is off by 3e-5 in both the compiled
+    graph and eager channels-last, by 2e-6 in eager contiguous)."""
     import copy
 
     from torch._dynamo.backends.common import aot_autograd
@@ -133,6 +140,8 @@ def test_training_joint_graph_runs_channels_last_with_eager_gradients() -> None:
     model, x = Block(), torch.randn(4, 3, 32, 32, requires_grad=True)
     reference, x_ref = copy.deepcopy(model), x.detach().clone().requires_grad_()
     reference(x_ref).square().sum().backward()
+    nhwc = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    nhwc(x.detach().contiguous(memory_format=torch.channels_last)).square().sum().backward()
     torch._dynamo.reset()
     torch.compile(model, backend=backend, fullgraph=True)(x).square().sum().backward()
     assert seen["result"].changed
@@ -146,10 +155,12 @@ def test_training_joint_graph_runs_channels_last_with_eager_gradients() -> None:
     )
     assert x.grad is not None and x_ref.grad is not None
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
-    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        assert p.grad is not None and q.grad is not None, name
+    for (name, p), q, r in zip(
+        model.named_parameters(), reference.parameters(), nhwc.parameters(), strict=True
+    ):
+        assert p.grad is not None and q.grad is not None and r.grad is not None, name
         assert p.grad.stride() == q.grad.stride(), name
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(p.grad, r.grad.contiguous(), rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_training_joint_graph_is_left_alone_when_copies_would_cost_too_much() -> None:

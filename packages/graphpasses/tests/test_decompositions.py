@@ -63,6 +63,7 @@ def test_ember_additions_are_decomposed() -> None:
         assert packet.default in table, packet
     assert aten._native_batch_norm_legit_functional.default in table
     assert aten.addmm.default not in table  # an extern on purpose
+    assert aten.native_batch_norm_backward.default not in table  # lowered whole
 
 
 def test_fresh_copy_each_call() -> None:
@@ -101,6 +102,8 @@ def test_model_graphs_only_use_remaining_ops() -> None:
         seen |= _ops(export_aten(model.eval(), x).graph_module)
     assert sorted(seen - REMAINING_OPS) == []
     assert "aten._native_batch_norm_legit_functional.default" not in seen
+    # the training backward's batch norm reaches the IR whole (KEEP_WHOLE)
+    assert "aten.native_batch_norm_backward.default" in seen
     assert "aten.native_layer_norm.default" not in seen
 
 

@@ -164,6 +164,36 @@ def test_batch_and_group_norm_match_eager() -> None:
     check(lambda x: F.group_norm(x, 2), x)
 
 
+def _bn_backward(train: bool, mask: list[bool]) -> Any:
+    def backward(*args: torch.Tensor) -> Any:
+        dy, x, w, rm, rv, sm, si = args
+        return torch.ops.aten.native_batch_norm_backward.default(
+            dy, x, w, rm, rv, sm, si, train, 1e-5, mask
+        )
+
+    return backward
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_norm_backward_is_two_channel_sums_and_pointwise(train: bool) -> None:
+    """Lowered whole: the sums of dy and of dy * (x - mean) over all but the channel
+    dimension, the rest pointwise; masked outputs are None, as eager returns them."""
+    x, dy = torch.randn(4, 3, 5, 2) * 2 + 1, torch.randn(4, 3, 5, 2)
+    w, rm, rv = torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
+    sm, si = x.mean((0, 2, 3)), (x.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt()
+    args = (dy, x, w, rm, rv, sm, si)
+    program = check(_bn_backward(train, [True, True, True]), *args, rtol=1e-4)
+    reductions = [n.loop for n in computed(program) if isinstance(n.loop, Reduction)]
+    assert [(r.kind, len(r.ranges)) for r in reductions] == [("sum", 1), ("sum", 1)]
+    check(_bn_backward(train, [True, False, False]), *args, rtol=1e-4)
+    program = check(_bn_backward(train, [False, False, True]), *args, rtol=1e-4)
+    assert len([n for n in computed(program) if isinstance(n.loop, Reduction)]) == 1
+    symbolic = lower(_bn_backward(train, [True, True, True]), *args, mode="symbolic")
+    actual = run_program(symbolic, list(args))
+    expected = _bn_backward(train, [True, True, True])(*args)
+    torch.testing.assert_close(actual, list(expected), rtol=1e-4, atol=1e-5)
+
+
 def test_pooling_matches_eager() -> None:
     x = torch.randn(2, 3, 7, 6)
     check(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x)

@@ -143,6 +143,27 @@ def _causal_safe_softmax(scores: torch.Tensor) -> Any:
     return torch.ops.aten._safe_softmax(masked, -1)
 
 
+def _two_batch_norm_backwards(*args: torch.Tensor) -> Any:
+    dy, x1, w1, m1, s1, x2, w2, m2, s2 = args
+    grads = []
+    for x, w, m, s in ((x1, w1, m1, s1), (x2, w2, m2, s2)):
+        grads += torch.ops.aten.native_batch_norm_backward.default(
+            dy, x, w, None, None, m, s, True, 1e-5, [True, True, True]
+        )
+    return tuple(grads)
+
+
+def _batch_norm_backward_args(device: str) -> list[Any]:
+    g = torch.Generator().manual_seed(0)
+    dy, x1, x2 = (
+        (torch.randn(16, 6, 4, 4, generator=g) * 2 + 1).to(memory_format=torch.channels_last)
+        for _ in range(3)
+    )
+    w1, w2, mean = (torch.randn(6, generator=g) for _ in range(3))
+    invstd = torch.rand(6, generator=g) + 0.5
+    return [t.to(device) for t in (dy, x1, w1, mean, invstd, x2, w2, mean, invstd)]
+
+
 CASES: dict[str, Case] = {
     "safe_softmax_epilogue": (_causal_safe_softmax, _args((2, 3, 8, 8)), {"atol": 1e-6}),
     # a channels-last output iterated in storage order; an unrolled 3x3 max pool
@@ -232,6 +253,29 @@ CASES: dict[str, Case] = {
         ],
         {
             "choices": DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8),
+            "atol": 1e-4,
+            "rtol": 1e-4,
+        },
+    ),
+    # batch norm's backward, lowered whole, twice on one gradient (a downsampling
+    # block), split: one partial kernel for the four sums; the finals of both with their
+    # weight and bias gradients in one kernel (reductions after pointwise members);
+    # both input gradients in one
+    "split_batch_norm_backward": (
+        _two_batch_norm_backwards,
+        _batch_norm_backward_args,
+        {
+            "choices": DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8),
+            "atol": 1e-4,
+            "rtol": 1e-4,
+        },
+    ),
+    "split_batch_norm_backward_looped": (
+        _two_batch_norm_backwards,
+        _batch_norm_backward_args,
+        {
+            "choices": DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8),
+            "reduction": "looped",
             "atol": 1e-4,
             "rtol": 1e-4,
         },
@@ -394,6 +438,10 @@ def test_safe_softmax_where_is_the_softmax_epilogue(
 def test_split_case_splits(interpreter_results: dict[str, dict[str, Any]]) -> None:
     assert interpreter_results["split"]["partials"] == 2  # the column sum and the full sum
     assert interpreter_results["split_welford"]["partials"] == 2  # both Welfords
+    for case in ("split_batch_norm_backward", "split_batch_norm_backward_looped"):
+        # the four channel sums split; partials, finals, input gradients
+        assert interpreter_results[case]["partials"] == 4
+        assert interpreter_results[case]["kernels"] == 3
 
 
 # -- launcher behaviour (no kernel runs) -------------------------------------------------

@@ -295,3 +295,34 @@ def test_a_training_batch_norm_takes_three_kernels(lower: Callable[..., Program]
     schedule = schedule_program(program, SMALL)
     assert len(schedule.kernels) == 3, [[m.name for m in k.members] for k in schedule.kernels]
     check(program, schedule, forward, *args)
+
+
+def two_batch_norm_backwards(*args: torch.Tensor) -> Any:
+    """A downsampling residual block's backward: one gradient into the batch norms of
+    both branches (each its own input and statistics)."""
+    dy, x1, w1, m1, s1, x2, w2, m2, s2 = args
+    grads = []
+    for x, w, m, s in ((x1, w1, m1, s1), (x2, w2, m2, s2)):
+        grads += torch.ops.aten.native_batch_norm_backward.default(
+            dy, x, w, None, None, m, s, True, 1e-5, [True, True, True]
+        )
+    return tuple(grads)
+
+
+def test_two_batch_norm_backwards_of_one_gradient_take_three_kernels(
+    lower: Callable[..., Program],
+) -> None:
+    """Batch norm's backward, lowered whole: the partial sums of both batch norms in one
+    kernel (they read the one gradient), the final sums of both with their weight and
+    bias gradients in one (a final joins its cousin's kernel, the other batch norm's
+    weight and bias gradients in it already), and both input gradients in one."""
+    x1, x2, dy = (torch.randn(16, 6, 4, 4) * 2 + 1 for _ in range(3))
+    stats = [torch.randn(6), torch.rand(6) + 0.5]
+    args = (dy, x1, torch.randn(6), *stats, x2, torch.randn(6), *stats)
+    program = lower(two_batch_norm_backwards, *args)
+    schedule = schedule_program(program, SMALL)
+    kinds = [sorted({m.kind for m in k.members}) for k in schedule.kernels]
+    assert len(schedule.kernels) == 3, [[m.name for m in k.members] for k in schedule.kernels]
+    assert kinds[1] == ["pointwise", "reduction"] and kinds[2] == ["pointwise"]
+    assert sum(m.kind == "reduction" for m in schedule.kernels[1].members) == 4
+    check(program, schedule, two_batch_norm_backwards, *args)

@@ -710,31 +710,43 @@ class GraphLowering:
             )
         if not isinstance(result, LazyTensor) or result.realized is not None:
             return result
-        if isinstance(val, torch.Tensor) and _channels_last(val):
+        return self.read_by(result, len(node.users), val)
+
+    def read_by(self, value: LazyTensor, readers: int, like: Any = None) -> LazyTensor:
+        """`value`, stored if a value that `readers` loops read should be, by the rule
+        every node's result follows (its readers are then the node's users).
+
+        For a lowering that reads one lazy value in several loops of its own: a batch
+        norm's backward reads its incoming gradient in two reductions and a pointwise
+        pass, as the three users it had when the op was decomposed. `like` (the value's
+        fake tensor, or one of its size and strides) makes a channels-last value stored
+        channels-last."""
+        if value.realized is not None:
+            return value
+        if isinstance(like, torch.Tensor) and _channels_last(like):
             # Eager keeps channels-last values channels-last (convolutions pick their
             # kernels by it): when this one is stored, it is stored that way too.
-            layout = Layout.of(val)
-            if layout.size == result.size:
-                result.stride_hint = layout.stride
-        if any(may_divide_by_zero(n) for n in walk(result.body())):
+            layout = Layout.of(like)
+            if layout.size == value.size:
+                value.stride_hint = layout.stride
+        if any(may_divide_by_zero(n) for n in walk(value.body())):
             # Eager divides every element, so it raises for a zero divisor wherever it
             # sits; a lazy value is computed only where read (`(a // b)[0]`), and would
             # miss it. Stored, every element is computed and checked.
-            self.realize(result)
-            return result
-        cost = result.cost()
-        users = len(node.users)
-        shared = users > 1
+            self.realize(value)
+            return value
+        cost = value.cost()
+        shared = readers > 1
         if cost > self.options.max_inline_cost or (
             shared
             and (
                 cost > self.options.realize_cost
-                or result.buffers_read() > self.options.realize_reads
+                or value.buffers_read() > self.options.realize_reads
             )
-            and not self._cheaper_to_recompute(result, cost)
+            and not self._cheaper_to_recompute(value, cost)
         ):
-            self.realize(result)
-        return result
+            self.realize(value)
+        return value
 
     def _cheaper_to_recompute(self, value: LazyTensor, cost: int) -> bool:
         """Whether every reader should recompute `value` instead of one kernel storing

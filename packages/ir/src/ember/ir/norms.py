@@ -5,6 +5,11 @@ the input) and normalises in a pointwise body that the scheduler can fuse with t
 reduction's consumers. Low-precision inputs are normalised in float32, as eager does.
 Batch norm in training mode also updates the running statistics in place when it is
 given them (the non-functional `native_batch_norm` does that in eager too).
+
+Batch norm's backward (`native_batch_norm_backward`) is lowered here too, whole: two
+per-channel sums in one pass over the gradient and the input, and one pointwise pass
+for the input's gradient. Kept whole through the decomposition table, AOTAutograd
+traces it as one node instead of the twenty-odd of torch's decomposition.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch.fx
 from ember.ir.expr import IndexExpr, Node
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
 from ember.ir.pointwise import c, op
-from ember.ir.reduction import acc_dtype, welford
+from ember.ir.reduction import acc_dtype, reduce, welford
 from ember.ir.symbolic import as_expr
 from ember.ir.tensor import Index, LazyTensor, Loader, cast, const
 from ember.ir.views import reshape_map, view_of
@@ -231,3 +236,122 @@ def _running_updates(
         return op("truediv", m, cast(IndexExpr(sympy.Max(count - 1, 1)), m.dtype))
 
     return [blend(rm, mean.loader), blend(rv, unbiased)]
+
+
+@register_lowering(aten.native_batch_norm_backward.default)
+def lower_batch_norm_backward(
+    lowering: GraphLowering, node: torch.fx.Node
+) -> tuple[LazyTensor | None, ...]:
+    """Gradients of batch norm's input, weight and bias (None where `output_mask` does
+    not ask for one, as eager returns). Per channel c, over the N * spatial elements of
+    the channel, with `mean` and `invstd` the saved batch statistics (training) or
+    those of the running statistics (eval):
+
+        sum_dy = sum(dy),  dot = sum(dy * (x - mean))
+        grad_weight = dot * invstd,  grad_bias = sum_dy
+        grad_input  = (dy - (x - mean) * dot * invstd^2 / n - sum_dy / n) * invstd * w
+                      (eval: dy * invstd * w)
+
+    Everything is computed in float32 for the half types (as eager's kernels do) and
+    rounded once to the output's dtype."""
+    a = lowering.args(node)
+    x, dy = lowering.tensor(a["input"]), lowering.tensor(a["grad_out"])
+    if x.ndim < 2:
+        raise NotLowerable("batch norm backward of a tensor without a channel dimension")
+    train, eps = bool(a["train"]), float(a["eps"])
+    mask = [bool(m) for m in a["output_mask"]]
+    weight = _optional(lowering, a["weight"])
+    if weight is None and (mask[1] or mask[2]) and x.dtype != torch.float32:
+        # eager gives these the dtype of the saved statistics, the meta kernel the input's
+        raise NotLowerable("weight and bias gradients asked for without a weight")
+    dtype = acc_dtype(x.dtype)
+    if train:
+        saved_mean, saved_invstd = (
+            _optional(lowering, a["save_mean"]),
+            _optional(lowering, a["save_invstd"]),
+        )
+        if saved_mean is None or saved_invstd is None:
+            raise NotLowerable("batch norm backward in training without saved statistics")
+        sm, si = saved_mean, saved_invstd
+
+        def mean_at(c: Index) -> Node:
+            return cast(sm.loader(c), dtype)
+
+        def invstd_at(c: Index) -> Node:
+            return cast(si.loader(c), dtype)
+    else:
+        running_mean = _optional(lowering, a["running_mean"])
+        running_var = _optional(lowering, a["running_var"])
+        if running_mean is None or running_var is None:
+            raise NotLowerable("batch norm backward in eval mode without running statistics")
+        rm, rv = running_mean, running_var
+
+        def mean_at(c: Index) -> Node:
+            return cast(rm.loader(c), dtype)
+
+        def invstd_at(c: Index) -> Node:
+            return op("rsqrt", op("add", cast(rv.loader(c), dtype), const(eps, dtype)))
+
+    vals = node.meta["val"]
+    dims = [0, *range(2, x.ndim)]
+    count = cast(IndexExpr(sympy.Mul(*(x.size[d] for d in dims))), dtype)
+    # the gradient, read by both sums and the input's gradient; the input, by the dot
+    # product and (training) the input's gradient: stored or recomputed by each reader
+    # as a node's result with that many users would be
+    need_dot = mask[1] or (mask[0] and train)
+    need_sum = mask[2] or (mask[0] and train)
+    readers_dy = int(need_sum) + int(need_dot) + int(mask[0])
+    grad = lowering.read_by(_typed(dy, dtype), readers_dy, _arg_val(node, "grad_out", a))
+    readers_x = int(need_dot) + int(mask[0] and train)
+    xs = lowering.read_by(_typed(x, dtype), readers_x, _arg_val(node, "input", a))
+
+    def centred(index: Index) -> Node:
+        return op("sub", xs.loader(index), mean_at([index[1]]))
+
+    sum_dy = dot = None
+    if need_sum:
+        sum_dy = reduce(lowering, grad, dims, "sum", dtype)
+    if need_dot:
+        product = LazyTensor(
+            x.device, dtype, x.size, lambda i: op("mul", grad.loader(i), centred(i))
+        )
+        dot = reduce(lowering, product, dims, "sum", dtype)
+
+    def grad_input(index: Index) -> Node:
+        channel = [index[1]]
+        invstd = invstd_at(channel)
+        scale = invstd if weight is None else op("mul", invstd, cast(weight.loader(channel), dtype))
+        dyi = grad.loader(index)
+        if train:
+            assert sum_dy is not None and dot is not None
+            proj = op(
+                "mul",
+                op("truediv", op("mul", dot.loader(channel), op("mul", invstd, invstd)), count),
+                centred(index),
+            )
+            mean_dy = op("truediv", sum_dy.loader(channel), count)
+            dyi = op("sub", op("sub", dyi, proj), mean_dy)
+        return cast(op("mul", dyi, scale), vals[0].dtype)
+
+    results: list[LazyTensor | None] = [None, None, None]
+    if mask[0]:
+        results[0] = LazyTensor(x.device, vals[0].dtype, x.size, grad_input)
+    if mask[1]:
+        assert dot is not None
+        d = dot
+        results[1] = LazyTensor(
+            x.device,
+            vals[1].dtype,
+            d.size,
+            lambda c: cast(op("mul", d.loader(c), invstd_at(c)), vals[1].dtype),
+        )
+    if mask[2]:
+        assert sum_dy is not None
+        results[2] = _typed(sum_dy, vals[2].dtype)
+    return tuple(results)
+
+
+def _arg_val(node: torch.fx.Node, name: str, args: dict[str, Any]) -> Any:
+    """The fake tensor of argument `name` of `node`, if it has one."""
+    arg = args.get(name)
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None

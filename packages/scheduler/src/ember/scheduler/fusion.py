@@ -506,7 +506,11 @@ class Fuser:
         read what the kernel computing one of `buffer`'s inputs computes: the final
         sums of a split reduction's partials (a batch norm's backward has two per
         channel, from one partial kernel). Joining one shares no bytes but saves a
-        launch of a kernel that only reads a few KB."""
+        launch of a kernel that only reads a few KB. Such a group may already hold
+        pointwise members over its outputs (they run after its reductions): the
+        weight and bias gradients of one batch norm, when the final sums of a second
+        one reading the same gradient come (a downsampling block's two branches,
+        whose input gradients then share a kernel too)."""
         loop = buffer.loop
         assert isinstance(loop, Reduction)
         found: set[int] = set()
@@ -521,7 +525,11 @@ class Fuser:
                         group is not producer
                         and group.ranges == loop.ranges
                         and group.reduction_ranges == loop.reduction_ranges
-                        and all(m.kind == REDUCTION for m in group.members)
+                        and all(
+                            m.kind == REDUCTION or (m.kind == POINTWISE and not m.over_reduction)
+                            for m in group.members
+                        )
+                        and any(m.kind == REDUCTION for m in group.members)
                     ):
                         found.add(order)
         return found
