@@ -156,21 +156,17 @@ def lower_batch_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Any,
         mean, m2, count = welford(lowering, x, [0, *range(2, x.ndim)])
         mean_at: Loader = mean.loader
 
-        def rstd_at(i: Index) -> Node:
+        def welford_rstd(i: Index) -> Node:
             return _rstd(m2.loader(i), count, eps)
+
+        rstd_at: Loader = welford_rstd
 
         if running_mean is not None and running_var is not None:
             updates = _running_updates(mean, m2, count, running_mean, running_var, momentum)
     else:
         if running_mean is None or running_var is None:
             raise NotLowerable("batch norm in eval mode without running statistics")
-        rm, rv = running_mean, running_var
-
-        def mean_at(i: Index) -> Node:
-            return cast(rm.loader(i), dtype)
-
-        def rstd_at(i: Index) -> Node:
-            return op("rsqrt", op("add", cast(rv.loader(i), dtype), const(eps, dtype)))
+        mean_at, rstd_at = _running_statistics(running_mean, running_var, eps, dtype)
 
     def out(index: Index) -> Node:
         channel = [index[1]]
@@ -203,6 +199,27 @@ def lower_batch_norm(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Any,
         lowering.mutate(a["running_mean"], updates[0])
         lowering.mutate(a["running_var"], updates[1])
     return tuple(result)
+
+
+def _running_statistics(
+    running_mean: LazyTensor, running_var: LazyTensor, eps: float, dtype: torch.dtype
+) -> tuple[Loader, Loader]:
+    """Per-channel loaders of an eval-mode batch norm's mean and 1/sqrt(var + eps), from
+    its running statistics, in `dtype` (the forward and the backward read them alike)."""
+
+    def rstd_at(c: Index) -> Node:
+        return op("rsqrt", op("add", cast(running_var.loader(c), dtype), const(eps, dtype)))
+
+    return _cast_to(running_mean, dtype), rstd_at
+
+
+def _cast_to(value: LazyTensor, dtype: torch.dtype) -> Loader:
+    """A loader of `value` cast to `dtype`."""
+
+    def at(c: Index) -> Node:
+        return cast(value.loader(c), dtype)
+
+    return at
 
 
 def _stat_loader(at: Loader, dtype: torch.dtype, training: bool) -> Loader:
@@ -272,25 +289,13 @@ def lower_batch_norm_backward(
         )
         if saved_mean is None or saved_invstd is None:
             raise NotLowerable("batch norm backward in training without saved statistics")
-        sm, si = saved_mean, saved_invstd
-
-        def mean_at(c: Index) -> Node:
-            return cast(sm.loader(c), dtype)
-
-        def invstd_at(c: Index) -> Node:
-            return cast(si.loader(c), dtype)
+        mean_at, invstd_at = _cast_to(saved_mean, dtype), _cast_to(saved_invstd, dtype)
     else:
         running_mean = _optional(lowering, a["running_mean"])
         running_var = _optional(lowering, a["running_var"])
         if running_mean is None or running_var is None:
             raise NotLowerable("batch norm backward in eval mode without running statistics")
-        rm, rv = running_mean, running_var
-
-        def mean_at(c: Index) -> Node:
-            return cast(rm.loader(c), dtype)
-
-        def invstd_at(c: Index) -> Node:
-            return op("rsqrt", op("add", cast(rv.loader(c), dtype), const(eps, dtype)))
+        mean_at, invstd_at = _running_statistics(running_mean, running_var, eps, dtype)
 
     vals = node.meta["val"]
     dims = [0, *range(2, x.ndim)]
