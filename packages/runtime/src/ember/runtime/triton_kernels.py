@@ -922,7 +922,7 @@ _LIBDEVICE_AS_TORCH: dict[str, Callable[..., torch.Tensor]] = {
     "y0": _special("bessel_y0"), "y1": _special("bessel_y1"), "fmod": torch.fmod,
     "pow": torch.pow, "atan2": torch.atan2, "fmax": torch.fmax, "fmin": torch.fmin,
     "copysign": torch.copysign, "hypot": torch.hypot, "nextafter": torch.nextafter,
-    "exp": torch.exp,
+    "exp": torch.exp, "log": torch.log,
 }  # fmt: skip
 
 

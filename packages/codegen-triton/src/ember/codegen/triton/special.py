@@ -150,23 +150,24 @@ def ember_k1e(x):
     "ember_digamma": """
 @triton.jit
 def ember_digamma(v):
-    # digamma(v) = digamma(1 - v) - pi / tan(pi r) below 0 (r: v's fraction, which
-    # tan takes more accurately than pi v); then digamma(x) = digamma(x + 1) - 1/x up to
-    # 10 (at most 10 steps from x > 0), then the asymptotic series
+    # eager's GPU steps in eager's order: below 0 the reflection, -pi / tan(pi r) (r:
+    # v's fraction, which tan takes more accurately than pi v) in float64, then
+    # digamma(1 - v); digamma(x) = digamma(x + 1) - 1/x up to 10 (at most 10 steps from
+    # x > 0), then log(x) - 1/(2x) - the asymptotic series, plus the steps' sum
     whole = libdevice.trunc(v)
     negative = v < 0
-    cotangent = 3.141592653589793 / libdevice.tan(3.141592653589793 * (v - whole))
-    reflection = tl.where(negative, cotangent, 0.0)
+    fraction = (v - whole).to(tl.float64)
+    cotangent = 3.141592653589793 / libdevice.tan(3.141592653589793 * fraction)
+    total = tl.where(negative, (cotangent * -1.0).to(v.dtype), 0.0)
     x = tl.where(negative, 1.0 - v, v)
-    total = tl.zeros_like(x)
     for _ in tl.static_range(10):
         below = x < 10.0
-        total = total - tl.where(below, 1.0 / x, 0.0)
+        total = total - tl.where(below, ember_div(1.0, x), 0.0)
         x = tl.where(below, x + 1.0, x)
-    z = 1.0 / (x * x)
+    z = ember_div(1.0, x * x)
     tail = tl.where(x < 1e17, z * ember_poly_digamma_asymptotic(z), 0.0)
-    out = tl.where(x == 10.0, total + 2.25175258906672110764, total + tl.log(x) - 0.5 / x - tail)
-    out = out - reflection
+    large = libdevice.log(x) - ember_div(0.5, x) - tail + total
+    out = tl.where(x == 10.0, total + 2.25175258906672110764, large)
     out = tl.where(negative & (v == whole), float("nan"), out)
     # -inf at +0.0, +inf at -0.0 (negating the infinity: Triton 3.6 negates a float as
     # 0 - x, which loses the sign of a zero)
@@ -352,7 +353,7 @@ SPECIAL_CALLS: dict[str, tuple[str, ...]] = {
     "ember_k1": ("ember_k1_small", "ember_cheb_k1_large", "ember_k_edges"),
     "ember_k0e": ("ember_k0_small", "ember_cheb_k0_large", "ember_k_edges"),
     "ember_k1e": ("ember_k1_small", "ember_cheb_k1_large", "ember_k_edges"),
-    "ember_digamma": ("ember_poly_digamma_asymptotic",),
+    "ember_digamma": ("ember_poly_digamma_asymptotic", "ember_div"),
     "ember_zeta_tail": ("ember_div",),
     "ember_hurwitz_zeta": ("ember_any", "ember_div", "ember_zeta_tail"),
     "ember_trigamma": ("ember_div",),
