@@ -1,8 +1,9 @@
 """Ember's Triton special functions (ember.codegen.triton.special and .polynomials)
-against torch: Airy Ai, trigamma and polygamma, the Hurwitz zeta function and the
-orthogonal polynomials, over the ranges test_cpp_special_functions.py uses for the C++
-versions (NaN, infinities, signed zeros, negatives, every branch boundary, magnitudes
-from 1e-30 to 1e30, degrees from -1 to 600), held to the same bounds:
+against eager: Airy Ai, digamma, trigamma and polygamma, the Hurwitz zeta function and
+the orthogonal polynomials, over the ranges test_cpp_special_functions.py uses for the
+C++ versions (NaN, infinities, signed zeros, negatives, every branch boundary,
+magnitudes from 1e-30 to 1e30, degrees from -1 to 600 and the degrees int64 cannot
+hold, zeta's poles and NaN domain), held to one set of bounds on both devices:
 
 - NaN and infinities (with their sign) exactly where eager has them;
 - float64: within 1e-12 relative of eager;
@@ -11,22 +12,18 @@ from 1e-30 to 1e30, degrees from -1 to 600), held to the same bounds:
 - bfloat16 (computed in float32): within one bfloat16 step of eager's result, or no
   further from the float32 result than eager's.
 
-Those bounds hold on a GPU (the `cuda` tests), where the kernels call the libdevice
-functions eager's CUDA kernels call. On the CPU the kernels run in Triton's
-interpreter (in subprocesses, see triton_harness) against eager on the CPU, and the
-interpreter evaluates libdevice with NumPy's routines, without fused multiply-adds: a
-few ulps apart from glibc, which the ill-conditioned regions amplify (Ai's phase at
-x = -29, the trigonometric forms at degree 600, the recurrences just outside [-1, 1],
-zeta's cancelling sum at negative x), float32 subnormals become bfloat16 wrongly, and
-the sine of a float32 beyond 2^24 (Ai's phase below x = -1e6) is reduced differently.
-There the values are held to a looser bound, 2.5e-4 relative plus 1e-5 (float32) or
-1e-9 plus 1e-13 (float64) of the precise result or of eager's (or no further from the
-precise result than twice eager's distance), which still catches a wrong branch,
-sign, coefficient or step count; NaN and infinities must match exactly as on a GPU.
+The kernels follow eager's CUDA kernels (the `cuda` tests compare with them on a GPU).
+On the CPU they run in Triton's interpreter (in subprocesses, see triton_harness)
+against eager on the CPU, which differs from eager on a GPU in two places, where the
+CPU cases write the GPU's values down instead:
 
-Degrees that are NaN, infinite or beyond int64 convert as CUDA converts them (NaN to 0,
-saturated), which x86 eager does not (INT64_MIN): the CPU cases leave those out of the
-comparison and check the conversion directly.
+- zeta and polygamma (order 2 and up) of float32 and bfloat16 values: the GPU sums in
+  float32 (its NaN where every term underflows and the Euler-Maclaurin factor
+  overflows, its lost digits where the terms cancel), the CPU in float64 for float32
+  values (`_cuda_zeta_float32` is the GPU's algorithm, step by step);
+- degrees at or above 2^63 (+inf): the GPU saturates them to INT64_MAX, x86 turns
+  them into INT64_MIN, a negative degree (`_huge_degree_expected`). NaN degrees and
+  those at or below -2^63 become INT64_MIN on both (every polynomial is 0 there).
 """
 
 from __future__ import annotations
@@ -46,14 +43,18 @@ from ember.scheduler import ExternCall
 
 Fns = dict[str, Callable[..., torch.Tensor]]
 
-UNARY: Fns = {
-    "airy_ai": torch.special.airy_ai,
-    "trigamma": lambda x: torch.polygamma(1, x),
+
+def _polygamma(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
     # from order 2 through the Hurwitz zeta, whose direct sum runs from q to 9: about
     # |x| steps for a negative non-integer x, so those stay above -1e3
-    "polygamma_2": lambda x: torch.polygamma(2, torch.where(x < -1e3, -x, x)),
-    "polygamma_3": lambda x: torch.special.polygamma(3, torch.where(x < -1e3, -x, x)),
-    "polygamma_4": lambda x: torch.polygamma(4, torch.where(x < -1e3, -x, x)),
+    if n < 2:
+        return lambda x: torch.polygamma(n, x)
+    return lambda x: torch.special.polygamma(n, torch.where(x < -1e3, -x, x))
+
+
+UNARY: Fns = {
+    "airy_ai": torch.special.airy_ai,
+    **{f"polygamma_{n}": _polygamma(n) for n in range(5)},
 }
 POLYNOMIALS: Fns = {
     name: getattr(torch.special, name)
@@ -67,17 +68,25 @@ POLYNOMIALS: Fns = {
 }  # fmt: skip
 EDGES = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-30, -1e-30, 1e-6, 1e-5, 0.5, -0.5]
 EDGES += [1.0, -1.0, 2.0, 2.09, -2.09, 5.0, 8.0, -8.0, 10.0, 26.0, 50.0, 85.0, 88.0, 89.5]
-EDGES += [-9.5, -26.5, -27.0, 103.8, 104.0, 700.0, 1e10, 1e30, -1e30, -3.0, -2.5]
+EDGES += [-9.5, -26.5, -27.0, 103.8, 104.0, 700.0, 1e10, 1e30, -1e30, -3.0, -2.5, 8.3203353]
+EDGES += [26.2, 2.0890001, -2.0890001]
 ZETA_VALUES = [0.0, -0.0, 1e-30, 1e-5, 0.3, 0.5, 0.9, 1.0, 1.1, 1.5, 2.0, 3.0, 7.0, 9.9, 10.0]
 ZETA_VALUES += [12.5, 25.0, 30.0, 100.0, 150.0, 250.0, 1000.0, 1e5, -0.5, -1.0, -2.5, -3.0]
-ZETA_VALUES += [math.inf, -math.inf, math.nan]
+ZETA_VALUES += [math.inf, -math.inf, math.nan, 0.999, 1.0000001, 60.0, -1e30, 1e30, -30.5]
 XS = [*torch.linspace(-2, 2, 81).tolist(), 0.0, 1.0, -1.0, 0.5, 0.25, math.nan, math.inf]
 XS += [-math.inf, 1.0001, -1.0001, 3.0, -7.5]
+# NaN and the degrees at or below -2^63 are INT64_MIN on both devices: negative, so 0
 DEGREES = [-1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 20.0, 2.7, 130.0]
-DEGREES += [600.0, -math.inf]
-# where CUDA's conversion and x86's differ; on a GPU eager loops up to int64's maximum
-# for the degrees that saturate wherever the recurrence stays finite, so only NaN
-UNCONVERTIBLE = [math.nan]
+DEGREES += [600.0, -math.inf, math.nan, -1e30, -2.5]
+# at or above 2^63: INT64_MAX on the GPU (and eager loops that far wherever the
+# recurrence stays finite: Laguerre and Legendre in [-1, 1], so those are left out),
+# INT64_MIN on x86
+HUGE_DEGREES = [math.inf, 1e30]
+HUGE_DEGREE_FNS = [n for n in POLYNOMIALS if "chebyshev" in n or "hermite" in n]
+# x where the huge degrees' values are determined: the recurrences overflow to NaN
+# outside [-1, 1] (Hermite is NaN past its degree limit everywhere)
+# (far enough outside that the recurrences overflow within a few hundred steps)
+HUGE_DEGREE_XS = [2.0, -2.0, 3.0, -3.0, math.inf, -math.inf, math.nan]
 
 
 def _unary_inputs() -> torch.Tensor:
@@ -94,20 +103,113 @@ def _pairs(first: list[float], second: list[float]) -> tuple[torch.Tensor, torch
     return a[:, None].expand(-1, len(b)).reshape(-1), b[None, :].expand(len(a), -1).reshape(-1)
 
 
-def _groups(device: str) -> dict[str, tuple[Fns, tuple[torch.Tensor, ...]]]:
-    degrees = DEGREES + (UNCONVERTIBLE if device == "cuda" else [])
-    return {
-        "unary": (UNARY, (_unary_inputs(),)),
-        "zeta": ({"zeta": torch.special.zeta}, _pairs(ZETA_VALUES, ZETA_VALUES)),
-        "polynomials": (POLYNOMIALS, _pairs(XS, degrees)),
-    }
-
+GROUPS: dict[str, tuple[Fns, tuple[torch.Tensor, ...]]] = {
+    "unary": (UNARY, (_unary_inputs(),)),
+    "zeta": ({"zeta": torch.special.zeta}, _pairs(ZETA_VALUES, ZETA_VALUES)),
+    "polynomials": (POLYNOMIALS, _pairs(XS, DEGREES)),
+    "huge_degree": (
+        {name: POLYNOMIALS[name] for name in HUGE_DEGREE_FNS},
+        _pairs(HUGE_DEGREE_XS, HUGE_DEGREES),
+    ),
+}
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
-CASES = [f"{g}_{d}" for g in ("unary", "zeta", "polynomials") for d in DTYPES]
-CASES.remove("polynomials_bfloat16")  # eager has no bfloat16 orthogonal polynomials
-CASES.remove("zeta_bfloat16")  # nor bfloat16 zeta
-CASES.append("nan_degree")
+# eager has no bfloat16 zeta, Airy Ai or orthogonal polynomials: only the unary group
+# (polygamma) runs in bfloat16
+CASES = [f"{g}_{d}" for g in GROUPS for d in DTYPES if g == "unary" or d != "bfloat16"]
+
+
+# -- eager on a GPU, written down for the CPU cases ------------------------------------
+
+# (2k)! / B_2k, the divisors of zeta's Euler-Maclaurin terms (eager's table)
+_EULER_MACLAURIN = (
+    12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+    -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+    1.8152105401943546773e17, -7.1661652561756670113e18,
+)  # fmt: skip
+
+
+def _pow32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a^b in float32 as the interpreter's libdevice stand-in computes it (in float64,
+    rounded): one value per argument, wherever it sits in a vector."""
+    return torch.pow(a.double(), b.double()).float()
+
+
+def _cuda_zeta_float32(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """zeta(x, q) as eager's GPU kernel computes it for float32 values: Cephes' direct
+    sum and Euler-Maclaurin tail, every step in float32 (eager on the CPU sums them in
+    float64). A lane leaves the tail only once a term is below double's epsilon
+    relative to the sum: a NaN ratio (0 / 0 once the sum underflowed) keeps it going
+    until the factor overflows, and the sum turns NaN."""
+    x, q = torch.broadcast_tensors(x.float(), q.float())
+    eps = torch.full_like(x, 1.11022302462515654042e-16)
+    s = _pow32(q, -x)
+    a, b = q.clone(), torch.zeros_like(q)
+    returned = (x <= 1) | (q <= 0) & ((q == q.floor()) | (x != x.floor()))
+    converged = torch.zeros_like(x, dtype=torch.bool)
+    summing = ~returned  # eager returns before summing there (see the end)
+    steps = 0
+    while bool(summing.any()):
+        steps += 1
+        a = torch.where(summing, a + 1, a)
+        b = torch.where(summing, _pow32(a, -x), b)
+        s = torch.where(summing, s + b, s)
+        small = summing & (-eps * s < b) & (b < eps * s)
+        converged |= small
+        summing &= ~small & ((steps < 9) | (a <= 9))
+    tail, w = ~converged, a
+    s = torch.where(tail, s + b * w / (x - 1), s)
+    s = torch.where(tail, s - 0.5 * b, s)
+    factor, k = torch.ones_like(s), torch.zeros_like(s)
+    for divisor in _EULER_MACLAURIN:
+        factor, b = factor * (x + k), b / w
+        t = factor * b / torch.full_like(s, divisor)  # a tensor: torch multiplies by 1/scalar
+        s = torch.where(tail, s + t, s)
+        tail &= ~((t / s).abs() < eps)
+        k = k + 1
+        factor, b, k = factor * (x + k), b / w, k + 1
+    s = torch.where((q <= 0) & (x != x.floor()), math.nan, s)
+    s = torch.where((q <= 0) & (q == q.floor()), math.inf, s)
+    s = torch.where(x < 1, math.nan, s)
+    return torch.where(x == 1, math.inf, s)
+
+
+def _cuda_polygamma_float32(n: int, x: torch.Tensor) -> torch.Tensor:
+    """polygamma(n, x) for n >= 2 as eager's GPU kernel computes it for float32 and
+    bfloat16 values: (-1)^(n+1) exp(lgamma(n + 1)) zeta(n + 1, x), all in float32."""
+    order = torch.full_like(x, float(n), dtype=torch.float32)
+    factorial = torch.exp(torch.lgamma(order + 1).double()).float()
+    sign = 1.0 if n % 2 else -1.0
+    return sign * factorial * _cuda_zeta_float32(order + 1, x.float())
+
+
+def _cpu_stands_for_cuda(
+    name: str, fn: Callable[..., torch.Tensor], dtype: torch.dtype, inputs: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(eager's GPU result, the precise result) where eager's CPU result differs from
+    it (None elsewhere)."""
+    if dtype == torch.float64:
+        return None
+    if name == "zeta":
+        gpu = _cuda_zeta_float32(*inputs)
+    elif name.startswith("polygamma_") and int(name.rsplit("_", 1)[1]) >= 2:
+        x = inputs[0].float()
+        gpu = _cuda_polygamma_float32(int(name.rsplit("_", 1)[1]), torch.where(x < -1e3, -x, x))
+    else:
+        return None
+    if dtype == torch.bfloat16:  # rounded once from float32, which it is measured against
+        return gpu.to(dtype), gpu
+    return gpu, fn(*(a.double() for a in inputs))
+
+
+def _huge_degree_expected(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The polynomial `name` of degree INT64_MAX (a GPU's conversion of +inf or 1e30)
+    at HUGE_DEGREE_XS: past Hermite's degree limit, and outside [-1, 1] where the
+    Chebyshev recurrences overflow and stop at NaN, all NaN."""
+    return torch.full_like(x, math.nan)
+
+
+# -- running and comparing -------------------------------------------------------------
 
 
 def _eager_supports(fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> bool:
@@ -132,9 +234,59 @@ def _triton(fns: Fns, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     return list(outputs)
 
 
-_LOOSE = {torch.float64: (1e-9, 1e-13), torch.float32: (2.5e-4, 1e-5)}
-# inputs left out in the interpreter: where float32 cannot resolve Ai's phase
-_INTERPRETER_SKIPS: dict[str, Callable[..., torch.Tensor]] = {"airy_ai": lambda x: x < -1e6}
+# Where a function is ill-conditioned (the trigonometric forms at degree 600, the
+# recurrences near their zeros, Ai's oscillation, digamma near its root, polygamma's
+# cancelling sum at negative x) a rounding apart inside an evaluation grows past the
+# bounds, and both devices have such roundings: on the CPU the interpreter evaluates
+# libdevice with torch's float64 functions, one rounding apart from the glibc float32
+# functions eager's CPU kernels call, and without the fused multiply-adds of eager's
+# CPU build; on a GPU libdevice's powf (Triton's) and the CUDA headers' powf (eager's)
+# differ by an ulp for about 40% of arguments (measured on the H200). So the float32 and
+# float64 bounds add what 4 ulps of the argument change (`_sensitivity`) and, for the
+# polynomials, what a unit of rounding per recurrence step can
+# (`_recurrence_rounding`); where the function is well-conditioned that is a few ulps
+# of the value.
+#
+# inputs left out on the CPU: below x = -1e6 a float32 Airy phase has no correct digit
+# (its ulp is over 2 pi), and eager's CPU kernel rounds its steps differently (with
+# fused multiply-adds), so its value there is arbitrary; the GPU runs eager's steps
+_CPU_SKIPS: dict[str, Callable[..., torch.Tensor]] = {"airy_ai": lambda x: x < -1e6}
+
+
+def _sensitivity(
+    fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], scale: float, ulps: int = 4
+) -> torch.Tensor:
+    """How far `fn` (in float64) moves when its first argument moves `ulps` units in
+    the last place of its dtype at that argument (or at `scale`, if larger: the
+    polynomials' evaluations round 2x - 1 and 1 - x, whose units are those of 1): what a
+    few roundings inside an evaluation can change where the function is
+    ill-conditioned (0 where that is not finite)."""
+    x = inputs[0]
+    wide = torch.maximum(x.abs(), torch.full_like(x, scale))
+    ulp = (torch.nextafter(wide, torch.full_like(x, math.inf)) - wide).double()
+    rest = [a.double() for a in inputs[1:]]
+    at = fn(x.double(), *rest)
+    moved = [fn(x.double() + sign * ulps * ulp, *rest) for sign in (1, -1)]
+    change = torch.maximum(*((m - at).abs() for m in moved))
+    return torch.where(change.isfinite(), change, 0.0)
+
+
+def _recurrence_rounding(
+    fn: Callable[..., torch.Tensor], x: torch.Tensor, degree: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The rounding a three-term recurrence up to `degree` can gather: a unit of
+    `dtype` of the largest intermediate value per step, 2 n eps max_k<=n |p_k(x)| (the
+    float64 values; 0 for degrees outside [0, 600], which do not recur)."""
+    top = 600
+    points, where = torch.unique(x.double().cpu(), return_inverse=True)
+    degrees = torch.arange(top + 1, dtype=torch.float64)
+    table = fn(points[:, None].expand(-1, top + 1), degrees[None, :].expand(len(points), -1))
+    largest = table.abs().nan_to_num(0.0, posinf=0.0).cummax(dim=1).values
+    n = degree.double().cpu()
+    usable = (n >= 0) & (n <= top)
+    k = torch.where(usable, n, 0.0).long()
+    eps = torch.finfo(dtype).eps
+    return torch.where(usable, 2 * k * eps * largest[where, k], 0.0).to(x.device)
 
 
 def _bounds_failures(
@@ -143,11 +295,12 @@ def _bounds_failures(
     eager: torch.Tensor,
     precise: torch.Tensor,
     dtype: torch.dtype,
-    inputs: tuple[torch.Tensor, ...],
-    strict: bool,
+    skip: torch.Tensor | None = None,
+    allowance: torch.Tensor | None = None,
 ) -> str | None:
     """Why `got` is out of bounds against eager and the more precise result (None if
-    it is not); the interpreter's looser bounds unless `strict`."""
+    it is not), the values where `skip` is set aside, `allowance` added to the float32
+    and float64 bounds."""
     if got.dtype != dtype:
         return f"{name}: dtype {got.dtype}"
     g, e, p = got.double().cpu(), eager.double().cpu(), precise.double().cpu()
@@ -158,18 +311,15 @@ def _bounds_failures(
             at = differs.nonzero()[:5].flatten().tolist()
             return f"{name} {dtype}: {what} differs at {at}: ours {g[at]} eager {e[at]}"
     finite = g.isfinite() & e.isfinite() & p.isfinite()
-    if not strict and name in _INTERPRETER_SKIPS and dtype != torch.float64:
-        finite &= ~_INTERPRETER_SKIPS[name](*inputs).cpu()
-    g, e, p = g[finite], e[finite], p[finite]
+    if skip is not None:
+        finite &= ~skip.cpu()
+    extra = torch.zeros_like(g) if allowance is None else allowance.cpu().double()
+    g, e, p, extra = g[finite], e[finite], p[finite], extra[finite]
     ours, theirs = (g - p).abs(), (e - p).abs()
-    if not strict:
-        relative, absolute = _LOOSE.get(dtype, (2.0**-7, 2.0**-7))
-        apart = (g - e).abs() > relative * e.abs() + absolute
-        bad = (ours > relative * p.abs() + absolute) & apart & (ours > 2 * theirs)
-    elif dtype == torch.float64:
-        bad = (g - e).abs() > 1e-12 * e.abs() + 1e-300
+    if dtype == torch.float64:
+        bad = (g - e).abs() > 1e-12 * e.abs() + 1e-300 + extra
     elif dtype == torch.float32:
-        bad = (ours > 2e-6 * p.abs() + 1e-30) & (ours > 2 * theirs)
+        bad = (ours > 2e-6 * p.abs() + 1e-30 + extra) & (ours > 2 * theirs)
     else:
         bad = ((g - e).abs() > 2.0**-7 * e.abs()) & (ours > theirs)
     if bad.any():
@@ -181,7 +331,7 @@ def _bounds_failures(
 
 
 def _check_group(group: str, dtype: torch.dtype, device: str) -> list[str]:
-    fns, args = _groups(device)[group]
+    fns, args = GROUPS[group]
     inputs = tuple(a.to(dtype).to(device) for a in args)
     fns = {name: fn for name, fn in fns.items() if _eager_supports(fn, inputs)}
     assert fns, f"eager supports none of {group} in {dtype}"
@@ -191,31 +341,29 @@ def _check_group(group: str, dtype: torch.dtype, device: str) -> list[str]:
     for (name, fn), g in zip(fns.items(), got, strict=True):
         eager = fn(*inputs)
         precise = fn(*(a.to(precise_dtype) for a in inputs))
-        failure = _bounds_failures(name, g, eager, precise, dtype, inputs, strict=device == "cuda")
+        skip = allowance = None
+        if dtype != torch.bfloat16 and group in ("unary", "zeta"):
+            allowance = _sensitivity(fn, inputs, 0.0)
+        elif dtype != torch.bfloat16:
+            allowance = _sensitivity(fn, inputs, 1.0) + _recurrence_rounding(fn, *inputs, dtype)
+        if device == "cpu":
+            if name in _CPU_SKIPS and dtype != torch.float64:
+                skip = _CPU_SKIPS[name](*inputs)
+            if group == "huge_degree":
+                eager = precise = _huge_degree_expected(name, inputs[0]).to(dtype)
+                assert bool((fn(*inputs) == 0).all()), "x86 eager: INT64_MIN, a negative degree"
+            else:
+                gpu = _cpu_stands_for_cuda(name, fn, dtype, inputs)
+                eager, precise = gpu if gpu is not None else (eager, precise)
+        failure = _bounds_failures(name, g, eager, precise, dtype, skip, allowance)
         if failure:
             failures.append(failure)
     return failures
 
 
-def _nan_degree(device: str) -> list[str]:
-    """A NaN degree is degree 0 (CUDA's conversion): every polynomial is 1 there, at
-    every x, NaN included; a degree of -inf is negative: 0."""
-    x = torch.tensor(XS, device=device)
-    failures = []
-    for degree, want in ((math.nan, 1.0), (-math.inf, 0.0)):
-        n = torch.full_like(x, degree)
-        for name, got in zip(POLYNOMIALS, _triton(POLYNOMIALS, (x, n)), strict=True):
-            if not bool((got == want).all()):
-                failures.append(f"{name} at degree {degree}: {got.tolist()}")
-    return failures
-
-
 def run_case(name: str, device: str) -> dict[str, Any]:
-    if name == "nan_degree":
-        failures = _nan_degree(device)
-    else:
-        group, dtype = name.rsplit("_", 1)
-        failures = _check_group(group, DTYPES[dtype], device)
+    group, dtype = name.rsplit("_", 1)
+    failures = _check_group(group, DTYPES[dtype], device)
     return {"case": name, "ok": not failures, "error": "\n".join(failures)}
 
 
@@ -233,16 +381,22 @@ def test_special_function_in_interpreter(
     assert record["ok"], record.get("error")
 
 
-# Measured on the H100 (2026-11-24): each of these cases has values out of bounds, so
-# the ops are off in the Triton op table (optable.UNSUPPORTED) until fixed.
-_GPU_MISMATCHES = {
-    "unary_float32": "Airy Ai about 1e-5 off eager in float32",
-    "unary_float64": "Airy Ai off eager in one float64 value",
-    "unary_bfloat16": "polygamma(2..4) up to 7% off eager in bfloat16",
-    "zeta_float32": "zeta gives 0 where eager gives NaN",
-    "polynomials_float32": "T_n etc. give 1 where CUDA eager gives 0 (NaN degrees)",
-    "polynomials_float64": "T_n etc. give 1 where CUDA eager gives 0 (NaN degrees)",
-}
+def test_cuda_zeta_float32_is_eagers_algorithm() -> None:
+    """The written-down GPU zeta agrees with eager's float64 zeta where float32 holds
+    the sum, and has the GPU's NaN where it does not (measured on the H100)."""
+    x = torch.tensor([2.0, 3.0, 1.5, 1000.0, 250.0, 1e5, 1000.0, 1.0, 0.5, 3.0])
+    q = torch.tensor([1.0, 0.5, 10.0, 1.5, 2.0, 3.0, 1.1, 2.0, 2.0, -2.0])
+    got = _cuda_zeta_float32(x, q)
+    want = torch.special.zeta(x.double(), q.double())
+    assert torch.allclose(got[:3].double(), want[:3], rtol=1e-6)
+    assert bool(got[3:6].isnan().all()), got  # the GPU's NaN: the CPU gives 0
+    assert got[6].item() == pytest.approx(4.05e-42, rel=0.01)  # subnormal, kept
+    assert got[7].item() == math.inf and math.isnan(got[8].item()) and got[9].item() == math.inf
+
+
+# Cases measured out of bounds on a GPU: the ops behind them are in optable.UNVERIFIED
+# (and run another way) until fixed. None at present.
+_GPU_MISMATCHES: dict[str, str] = {}
 
 
 @pytest.mark.cuda
@@ -253,12 +407,11 @@ _GPU_MISMATCHES = {
         if c in _GPU_MISMATCHES
         else c
         for c in CASES
-        if c != "nan_degree"
     ],
 )
 def test_special_function_on_gpu(case: str) -> None:
-    """Against eager on the GPU, NaN degrees included (eager converts them there as
-    ember's helpers do)."""
+    """Against eager on the GPU: NaN, negative and huge degrees, zeta's poles and NaN
+    domain included."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     record = run_case(case, "cuda")

@@ -657,7 +657,7 @@ class TritonLauncher:
         """A launch through Triton's jit: only for its interpreter (or tensors that
         are not on a GPU, which only the interpreter can run)."""
         options = dict(self.kernel.launch_options)
-        if options and interpreting():
+        if options.get("debug") and interpreting():
             return self._interpret(config, operands, sizes)
         return self.fn[self.grid(config, sizes)](
             *operands,
@@ -941,27 +941,43 @@ _LIBDEVICE_AS_TORCH: dict[str, Callable[..., torch.Tensor]] = {
     "y0": _special("bessel_y0"), "y1": _special("bessel_y1"), "fmod": torch.fmod,
     "pow": torch.pow, "atan2": torch.atan2, "fmax": torch.fmax, "fmin": torch.fmin,
     "copysign": torch.copysign, "hypot": torch.hypot, "nextafter": torch.nextafter,
+    "exp": torch.exp, "log": torch.log,
 }  # fmt: skip
 
 
+# stand-ins whose float32 result must be computed in float32 (the rest of a float32
+# call is computed in float64 and rounded)
+_FLOAT32_STAND_INS = frozenset({"nextafter"})
+
+
 class InterpreterLibdevice:
-    """Stands in for `libdevice` in kernel modules run by Triton's interpreter."""
+    """Stands in for `libdevice` in kernel modules run by Triton's interpreter.
+
+    Float32 calls are computed in float64 and rounded (nextafter aside): torch's
+    float32 kernels return values that depend on where an element falls in its
+    vector (SLEEF's routine for whole vectors, libm's for the tail), so the same
+    argument could round differently from call to call, and a test could not write
+    down what the kernel computes."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         try:
             fn = _LIBDEVICE_AS_TORCH[name]
         except KeyError:
             raise AttributeError(f"libdevice.{name} has no interpreter stand-in") from None
-        return lambda *args: _apply(fn, args)
+        widen = name not in _FLOAT32_STAND_INS
+        return lambda *args: _apply(fn, args, widen)
 
 
-def _apply(fn: Callable[..., torch.Tensor], args: tuple[Any, ...]) -> Any:
+def _apply(fn: Callable[..., torch.Tensor], args: tuple[Any, ...], widen: bool) -> Any:
     import numpy as np
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
     arrays = [np.asarray(a.handle.data) for a in args]
-    result = fn(*(torch.from_numpy(np.ascontiguousarray(x)) for x in arrays)).numpy()
+    tensors = [torch.from_numpy(np.ascontiguousarray(x)) for x in arrays]
+    if widen and all(t.dtype == torch.float32 for t in tensors):
+        tensors = [t.double() for t in tensors]
+    result = fn(*tensors).numpy()
     first = args[0]
     result = result.astype(arrays[0].dtype)
     blocks = [list(a.type.shape) for a in args if a.type.is_block()]

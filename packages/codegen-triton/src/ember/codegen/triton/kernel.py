@@ -38,10 +38,13 @@ from ember.codegen.triton.regroup import split_divided_variables
 from ember.codegen.triton.scan import ScanRenderer
 from ember.codegen.triton.skeleton import decorator, parameters, setup_axes
 from ember.codegen.triton.sort import SortRenderer
+from ember.codegen.triton.special import FULL_RANGE_HELPERS
 from ember.scheduler import FusedKernel, KernelMember
 
 # Triton compile options of kernels with index checks (see TritonKernel).
 CHECKED_OPTIONS: tuple[tuple[str, bool], ...] = (("debug", True), ("sanitize_overflow", False))
+# Triton compile options of kernels using FULL_RANGE_HELPERS: libdevice keeps subnormals.
+FULL_RANGE_OPTIONS: tuple[tuple[str, bool], ...] = (("enable_reflect_ftz", False),)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,10 @@ class TritonKernel:
     it: a kernel with index checks (`index_checks`: what each `tl.device_assert`
     checks, by the number its message starts with) needs Triton's `debug` for its
     asserts to be compiled in, without `sanitize_overflow`, which would also assert on
-    32-bit integer arithmetic that wraps on purpose (and wraps in eager).
+    32-bit integer arithmetic that wraps on purpose (and wraps in eager). A kernel
+    calling one of `FULL_RANGE_HELPERS` compiles libdevice without flushing subnormals
+    to zero (Triton's default flushes them; eager's kernels keep them, and a float32
+    zeta term that is subnormal decides whether the sum is finite).
     """
 
     name: str
@@ -162,7 +168,8 @@ def render_kernel(
         configs=configs,
         index_type=plan.index_type,
         index_checks=tuple((c.describe(), c.dim) for c in body.index_checks),
-        launch_options=CHECKED_OPTIONS if body.index_checks else (),
+        launch_options=(CHECKED_OPTIONS if body.index_checks else ())
+        + (FULL_RANGE_OPTIONS if FULL_RANGE_HELPERS & body.helpers else ()),
     )
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from ember.codegen.triton.special import SPECIAL_OPS
-from ember.ir.ops import OP_NAMES
 
 Template = tuple[str | None, str | None]
 
@@ -135,23 +134,14 @@ UNSUPPORTED: dict[str, str] = {
     "igammac": "no libdevice incomplete gamma",
 }
 
-# Ops the codegen renders (ember.codegen.triton.special, .polynomials; right in Triton's
-# interpreter) whose kernels do not match eager on the GPU yet: the runtime's CUDA
-# record lists them as unsupported, so lowering declines them and the graph runs them
-# another way. On the H100 (2026-11-24) the polynomials gave T_n = 1 where CUDA eager
-# gives 0 (a NaN degree), zeta gave 0 where eager gives NaN, Airy Ai was 1e-5 off in
-# float32 and polygamma 7% off in bfloat16 (test_triton_special_functions.py's GPU
-# cases, expected failures until fixed).
-UNVERIFIED: dict[str, str] = {
-    "polygamma": "the Triton polygamma does not match eager on the GPU yet",
-    "special_zeta": "the Triton zeta does not match eager on the GPU yet",
-    "special_airy_ai": "the Triton Airy Ai does not match eager on the GPU yet",
-    **{
-        name: "the Triton orthogonal polynomials do not match eager on the GPU yet"
-        for name in OP_NAMES
-        if "_polynomial_" in name
-    },
-}
+# Ops the codegen renders whose kernels do not match eager on the GPU yet: the
+# runtime's CUDA record lists them as unsupported, so lowering declines them and the
+# graph runs them another way. Empty now: polygamma, zeta, Airy Ai and the orthogonal
+# polynomials left it once they followed eager's CUDA kernels (NaN degrees as
+# INT64_MIN, zeta summed in float32 for float32, eager's stopping point and correctly
+# rounded division, square root and exp, subnormals kept), checked against eager on a
+# GPU by test_triton_special_functions.py.
+UNVERIFIED: dict[str, str] = {}
 
 TRITON_OPS.update({name: (template, None) for name, template in SPECIAL_OPS.items()})
 

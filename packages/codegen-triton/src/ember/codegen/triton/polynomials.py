@@ -4,14 +4,18 @@ forms, Hermite H and He, Laguerre L, Legendre P) as @triton.jit helpers.
 They follow eager's algorithms, as the C++ rendering does (ember.codegen.cpp.special):
 the special cases at x = +-1 (and at x = 0 and 1 for the shifted forms), the
 trigonometric forms for |x| < 1 past a degree threshold, and otherwise the three-term
-recurrence up to the degree, stopped once it turns NaN. The degree is a tensor, so
+recurrence up to the degree, stopped once it turns NaN, with eager's operations in
+eager's order (divisions correctly rounded, `ember_div`). The degree is a tensor, so
 each lane needs its own number of steps: the recurrences loop while any lane of the
 block still needs one, and a lane that is done keeps its value. A block therefore
 costs the steps of its largest degree, as eager's thread for that element does.
 
 The float degree becomes an integer as CUDA converts it (eager casts with
-static_cast<int64_t>): NaN to 0, values beyond int64's range saturated. On x86, where
-the C++ rendering runs, NaN and out-of-range degrees become INT64_MIN instead.
+static_cast<int64_t>, which compiles to a saturating conversion): NaN and degrees at or
+below -2^63 become INT64_MIN, a negative degree (so every polynomial is 0 there), and
+degrees at or above 2^63 (+inf too) become INT64_MAX. On x86, where the C++ rendering
+runs, every out-of-range degree becomes INT64_MIN instead, so the two eager devices
+differ only for the huge positive degrees.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ POLYNOMIAL_HELPERS: dict[str, str] = {
     "ember_poly_degree": """
 @triton.jit
 def ember_poly_degree(n):
-    # the float degree n as an int64, the CUDA way: NaN -> 0, saturating at the ends
+    # the float degree n as an int64, the CUDA way: saturating at the ends, NaN to
+    # INT64_MIN (a negative degree); the float is clamped before the conversion, which
+    # is undefined for values out of range
     top = 9.223372036854775808e18
     d = tl.where((n != n) | (tl.abs(n) >= top), 0.0, n).to(tl.int64)
     d = tl.where(n >= top, 9223372036854775807, d)
-    return tl.where(n <= -top, -9223372036854775807 - 1, d)
+    return tl.where((n <= -top) | (n != n), -9223372036854775807 - 1, d)
 """,
     "ember_odd_sign": """
 @triton.jit
@@ -70,7 +76,8 @@ def ember_chebyshev_u_at(y, n, wanted, LIMIT: tl.constexpr):
     theta = libdevice.acos(tl.where(trig, y, 0.0))
     m = (n + 1).to(y.dtype)
     s = libdevice.sin(theta)
-    angle = tl.where(s != 0.0, libdevice.sin(m * theta) / s, m * libdevice.cos(m * theta) / y)
+    edge = ember_div(m * libdevice.cos(m * theta), y)
+    angle = tl.where(s != 0.0, ember_div(libdevice.sin(m * theta), s), edge)
     steps = ember_chebyshev_recurrence(y + y, y + y, n, wanted & (trig == 0))
     return tl.where(trig, angle, steps)
 """,
@@ -80,8 +87,8 @@ def ember_chebyshev_v_at(y, n, wanted, LIMIT: tl.constexpr):
     # V_n(y): cos((n + 1/2) theta) / cos(theta / 2) for |y| < 1 past LIMIT
     trig = (n > LIMIT) & (tl.abs(y) < 1.0)
     theta = libdevice.acos(tl.where(trig, y, 0.0))
-    half = theta / 2.0
-    angle = libdevice.cos((n.to(y.dtype) + 0.5) * theta) / libdevice.cos(half)
+    half = ember_div(theta, 2.0)
+    angle = ember_div(libdevice.cos((n.to(y.dtype) + 0.5) * theta), libdevice.cos(half))
     odd = ember_odd_sign(n, (n + n + 1).to(y.dtype))
     angle = tl.where(libdevice.sin(half) != 1.0, angle, odd)
     steps = ember_chebyshev_recurrence(y + y, y + y - 1.0, n, wanted & (trig == 0))
@@ -94,8 +101,8 @@ def ember_chebyshev_w_at(y, n, wanted, at_one, LIMIT: tl.constexpr):
     # where cos(theta / 2) rounds to 1
     trig = (n > LIMIT) & (tl.abs(y) < 1.0)
     theta = libdevice.acos(tl.where(trig, y, 0.0))
-    half = theta / 2.0
-    angle = libdevice.sin((n.to(y.dtype) + 0.5) * theta) / libdevice.sin(half)
+    half = ember_div(theta, 2.0)
+    angle = ember_div(libdevice.sin((n.to(y.dtype) + 0.5) * theta), libdevice.sin(half))
     angle = tl.where(libdevice.cos(half) != 1.0, angle, at_one)
     steps = ember_chebyshev_recurrence(y + y, y + y + 1.0, n, wanted & (trig == 0))
     return tl.where(trig, angle, steps)
@@ -261,7 +268,8 @@ def ember_laguerre_l(x, degree):
     active = (n >= 2) & (x != 0.0) & (q == q)
     go = ember_any(active)
     while go:
-        step = (((k + k).to(x.dtype) + (1.0 - x)) * q - k.to(x.dtype) * p) / (k + 1).to(x.dtype)
+        step = ((k + k).to(x.dtype) + (1.0 - x)) * q - k.to(x.dtype) * p
+        step = ember_div(step, (k + 1).to(x.dtype))
         r = tl.where(active, step, r)
         p = tl.where(active, q, p)
         q = tl.where(active, step, q)
@@ -286,7 +294,8 @@ def ember_legendre_p(x, degree):
     active = (n >= 2) & (unit == 0) & (q == q)
     go = ember_any(active)
     while go:
-        step = ((k + k + 1).to(x.dtype) * x * q - k.to(x.dtype) * p) / (k + 1).to(x.dtype)
+        step = (k + k + 1).to(x.dtype) * x * q - k.to(x.dtype) * p
+        step = ember_div(step, (k + 1).to(x.dtype))
         r = tl.where(active, step, r)
         p = tl.where(active, q, p)
         q = tl.where(active, step, q)
@@ -300,7 +309,8 @@ def ember_legendre_p(x, degree):
 """,
 }
 
-_CHEBYSHEV = ("ember_chebyshev_recurrence",)
+# ember_any and ember_div are in ember.codegen.triton.special's helpers
+_CHEBYSHEV = ("ember_chebyshev_recurrence", "ember_div")
 POLYNOMIAL_CALLS: dict[str, tuple[str, ...]] = {
     "ember_chebyshev_recurrence": ("ember_any",),
     "ember_chebyshev_t_at": _CHEBYSHEV,
@@ -316,9 +326,10 @@ POLYNOMIAL_CALLS: dict[str, tuple[str, ...]] = {
         for shifted in ("", "shifted_")
         for kind in "tuvw"
     },
+    **{f"ember_{name}": ("ember_poly_degree", "ember_any") for name in ("hermite_h", "hermite_he")},
     **{
-        f"ember_{name}": ("ember_poly_degree", "ember_any")
-        for name in ("hermite_h", "hermite_he", "laguerre_l", "legendre_p")
+        f"ember_{name}": ("ember_poly_degree", "ember_any", "ember_div")
+        for name in ("laguerre_l", "legendre_p")
     },
 }
 

@@ -13,9 +13,16 @@ selected with `tl.where`, so every lane runs the same code. The two series whose
 length depends on the argument (zeta's direct sum, Ai's Maclaurin series) loop while
 any lane of the block still needs a term, lanes that are done keeping their values.
 
-The Hurwitz zeta function (and so polygamma from order 2) is summed in float64, as the
-C++ rendering does and eager does on the CPU (eager's CUDA kernel sums float32 inputs
-in float32, with more error).
+They run where eager's CUDA kernels run, so they follow those where eager's devices
+differ: the Hurwitz zeta function (and so polygamma from order 2) is summed in the
+precision of its argument, float32 for float32 and bfloat16 values, as eager's CUDA
+kernels sum it (eager on the CPU, and the C++ rendering, sum float32 in float64). In
+float32 that sum is 0 where every term underflows and its Euler-Maclaurin factor then
+overflows to NaN, and it loses digits where the terms cancel (a negative q); eager's
+GPU values have the same error. Where precision matters they call libdevice's
+correctly rounded or accurate functions (`div_rn`, `sqrt_rn`, `exp`), as eager's
+compiled C++ does, not Triton's approximate `tl.exp`; kernels using them compile with
+libdevice's subnormals kept (`FULL_RANGE_HELPERS`), as eager's do.
 """
 
 from __future__ import annotations
@@ -49,19 +56,21 @@ def _horner(table: str) -> str:
 def _zeta_tail() -> str:
     """The Euler-Maclaurin correction of the Hurwitz zeta sum, unrolled over its twelve
     terms: lanes in `tail` add terms until one falls below double's epsilon relative to
-    the sum (then keep it)."""
+    the sum (then keep it). A NaN ratio (0 / 0 where the sum underflowed) does not stop
+    a lane, as it does not stop eager's loop: in float32 the factor then overflows and
+    the sum turns NaN there, as eager's does on the GPU."""
     lines = ["@triton.jit", "def ember_zeta_tail(x, s, b, w, tail):"]
     lines += ["    factor = tl.zeros_like(x) + 1.0", "    k = tl.zeros_like(x)"]
     for divisor in special_tables.ZETA_EULER_MACLAURIN:
         lines += [
             "    factor = factor * (x + k)",
-            "    b = b / w",
-            f"    t = factor * b / {divisor!r}",
+            "    b = ember_div(b, w)",
+            f"    t = ember_div(factor * b, {divisor!r})",
             "    s = tl.where(tail, s + t, s)",
-            "    tail = tail & (tl.abs(t / s) >= 1.11022302462515654042e-16)",
+            "    tail = tail & ((tl.abs(ember_div(t, s)) < 1.11022302462515654042e-16) == 0)",
             "    k = k + 1.0",
             "    factor = factor * (x + k)",
-            "    b = b / w",
+            "    b = ember_div(b, w)",
             "    k = k + 1.0",
         ]
     lines.append("    return s")
@@ -141,28 +150,50 @@ def ember_k1e(x):
     "ember_digamma": """
 @triton.jit
 def ember_digamma(v):
-    # digamma(v) = digamma(1 - v) - pi / tan(pi r) below 0 (r: v's fraction, which
-    # tan takes more accurately than pi v); then digamma(x) = digamma(x + 1) - 1/x up to
-    # 10 (at most 10 steps from x > 0), then the asymptotic series
+    # eager's GPU steps in eager's order: below 0 the reflection, -pi / tan(pi r) (r:
+    # v's fraction, which tan takes more accurately than pi v) in float64, then
+    # digamma(1 - v); digamma(x) = digamma(x + 1) - 1/x up to 10 (at most 10 steps from
+    # x > 0), then log(x) - 1/(2x) - the asymptotic series, plus the steps' sum
     whole = libdevice.trunc(v)
     negative = v < 0
-    cotangent = 3.141592653589793 / libdevice.tan(3.141592653589793 * (v - whole))
-    reflection = tl.where(negative, cotangent, 0.0)
+    fraction = (v - whole).to(tl.float64)
+    cotangent = 3.141592653589793 / libdevice.tan(3.141592653589793 * fraction)
+    total = tl.where(negative, (cotangent * -1.0).to(v.dtype), 0.0)
     x = tl.where(negative, 1.0 - v, v)
-    total = tl.zeros_like(x)
     for _ in tl.static_range(10):
         below = x < 10.0
-        total = total - tl.where(below, 1.0 / x, 0.0)
+        total = total - tl.where(below, ember_div(1.0, x), 0.0)
         x = tl.where(below, x + 1.0, x)
-    z = 1.0 / (x * x)
+    z = ember_div(1.0, x * x)
     tail = tl.where(x < 1e17, z * ember_poly_digamma_asymptotic(z), 0.0)
-    out = tl.where(x == 10.0, total + 2.25175258906672110764, total + tl.log(x) - 0.5 / x - tail)
-    out = out - reflection
+    large = libdevice.log(x) - ember_div(0.5, x) - tail + total
+    out = tl.where(x == 10.0, total + 2.25175258906672110764, large)
     out = tl.where(negative & (v == whole), float("nan"), out)
     # -inf at +0.0, +inf at -0.0 (negating the infinity: Triton 3.6 negates a float as
     # 0 - x, which loses the sign of a zero)
     infinite = libdevice.copysign(tl.zeros_like(v) + float("inf"), v) * -1.0
     return tl.where(v == 0, infinite, out)
+""",
+    "ember_div": """
+@triton.jit
+def ember_div(a, b):
+    # a / b correctly rounded, as eager's compiled division is: Triton's float32 `/`
+    # is div.full's approximation (2 ulp) on NVIDIA GPUs, its float64 `/` is exact
+    q = a / b
+    if q.dtype == tl.float32:
+        q = tl.div_rn(a, b)
+    return q
+""",
+    "ember_sqrt": """
+@triton.jit
+def ember_sqrt(x):
+    # the correctly rounded square root: libdevice's float32 sqrt compiles to
+    # sqrt.approx under Triton's options
+    if x.dtype == tl.float32:
+        out = tl.sqrt_rn(x)
+    else:
+        out = libdevice.sqrt(x)
+    return out
 """,
     "ember_any": """
 @triton.jit
@@ -176,10 +207,10 @@ def ember_any(mask):
     "ember_hurwitz_zeta": """
 @triton.jit
 def ember_hurwitz_zeta(x, q):
-    # zeta(x, q) = sum_k (k + q)^-x in float64: the direct sum until a term falls below
-    # double's epsilon relative to the sum, or past 9 terms and q + k > 9, then the
-    # Euler-Maclaurin tail; +inf at x = 1 and at the integers q <= 0, NaN for x < 1 and
-    # for q < 0 with x not an integer
+    # zeta(x, q) = sum_k (k + q)^-x in x's precision: the direct sum until a term falls
+    # below double's epsilon relative to the sum, or past 9 terms and q + k > 9, then
+    # the Euler-Maclaurin tail; +inf at x = 1 and at the integers q <= 0, NaN for x < 1
+    # and for q < 0 with x not an integer
     x, q = tl.broadcast(x, q)
     eps = 1.11022302462515654042e-16
     pole = (q <= 0.0) & (q == tl.floor(q))
@@ -203,18 +234,13 @@ def ember_hurwitz_zeta(x, q):
         summing = summing & (converged == 0) & ((i < 9) | (a <= 9.0))
         go = ember_any(summing)
     w = a
-    s = tl.where(tail, s + b * w / (x - 1.0), s)
+    s = tl.where(tail, s + ember_div(b * w, x - 1.0), s)
     s = tl.where(tail, s - 0.5 * b, s)
     s = ember_zeta_tail(x, s, b, w, tail)
     out = tl.where((q <= 0.0) & (x != tl.floor(x)), float("nan"), s)
     out = tl.where(pole, float("inf"), out)
     out = tl.where(x < 1.0, float("nan"), out)
     return tl.where(x == 1.0, float("inf"), out)
-""",
-    "ember_zeta": """
-@triton.jit
-def ember_zeta(x, q):
-    return ember_hurwitz_zeta(x.to(tl.float64), q.to(tl.float64)).to(x.dtype)
 """,
     "ember_trigamma": """
 @triton.jit
@@ -224,38 +250,40 @@ def ember_trigamma(v):
     low = v < 0.5
     pi = tl.zeros_like(v) + 3.141592653589793
     s = libdevice.sin(pi * v)
-    total = tl.where(low, 0.0 - pi * pi / (s * s), tl.zeros_like(v))
+    total = tl.where(low, 0.0 - ember_div(pi * pi, s * s), tl.zeros_like(v))
     x = tl.where(low, 1.0 - v, v)
     for _ in tl.static_range(6):
-        total = total + 1.0 / (x * x)
+        total = total + ember_div(1.0, x * x)
         x = x + 1.0
-    z = 1.0 / (x * x)
+    z = ember_div(1.0, x * x)
     tail = z * (0.16666666666666666 - z * (0.03333333333333333 - z * 0.023809523809523808))
-    total = total + (1.0 + 1.0 / (2.0 * x) + tail) / x
+    total = total + ember_div(1.0 + ember_div(1.0, 2.0 * x) + tail, x)
     return tl.where(low, total * -1.0, total)
 """,
     "ember_polygamma": """
 @triton.jit
 def ember_polygamma(n, x):
     # the n-th derivative of digamma (n the same for the whole kernel): digamma, trigamma,
-    # then (-1)^(n+1) n! zeta(n + 1, x)
+    # then (-1)^(n+1) n! zeta(n + 1, x), all in x's precision (float32 for bfloat16,
+    # rounded once when stored, as eager's GPU kernel computes it)
     if n == 0:
         out = ember_digamma(x)
     elif n == 1:
         out = ember_trigamma(x)
     else:
         order = (n + tl.zeros_like(x).to(tl.int64))
-        factorial = tl.exp(libdevice.lgamma(order.to(x.dtype) + 1.0))
+        factorial = libdevice.exp(libdevice.lgamma(order.to(x.dtype) + 1.0))
         sign = tl.where((order & 1) == 1, 1.0, -1.0)
-        zeta = ember_hurwitz_zeta((order + 1).to(tl.float64), x.to(tl.float64)).to(x.dtype)
-        out = sign * factorial * zeta
+        out = sign * factorial * ember_hurwitz_zeta((order + 1).to(x.dtype), x)
     return out
 """,
     "ember_airy_series": """
 @triton.jit
-def ember_airy_series(x, eps):
+def ember_airy_series(x):
     # Ai by its Maclaurin series: the two solutions f and g, terms in x^3, until the
-    # last term of f is below the dtype's epsilon relative to f
+    # last term of f is below double's epsilon relative to f, in float32 too (eager's
+    # stopping point: stopping at float32's epsilon loses the digits that the
+    # cancellation of f and g near |x| = 2 needs)
     f = tl.zeros_like(x) + 1.0
     g = x
     m = tl.zeros_like(x) + 1.0
@@ -267,16 +295,16 @@ def ember_airy_series(x, eps):
     while go:
         m = tl.where(active, m * z, m)
         k = tl.where(active, k + 1.0, k)
-        m = tl.where(active, m / k, m)
+        m = tl.where(active, ember_div(m, k), m)
         n = tl.where(active, n * z, n)
         k = tl.where(active, k + 1.0, k)
-        n = tl.where(active, n / k, n)
-        m = tl.where(active, m / k, m)
+        n = tl.where(active, ember_div(n, k), n)
+        m = tl.where(active, ember_div(m, k), m)
         f = tl.where(active, f + m, f)
         k = tl.where(active, k + 1.0, k)
-        n = tl.where(active, n / k, n)
+        n = tl.where(active, ember_div(n, k), n)
         g = tl.where(active, g + n, g)
-        active = active & (tl.abs(m / f) > eps)
+        active = active & (tl.abs(ember_div(m, f)) > 1.11022302462515654042e-16)
         go = ember_any(active)
     return 0.355028053887817239260 * f - 0.258819403792806798405 * g
 """,
@@ -285,31 +313,30 @@ def ember_airy_series(x, eps):
 def ember_airy_ai(x):
     # oscillating below -2.09 (f and g rational in 1/zeta^2, zeta = 2/3 |x|^1.5),
     # decaying from 2.09 (exp(-zeta) times a rational function of 1/zeta), the
-    # Maclaurin series between; 0 above 103.892, NaN at the infinities
-    if x.dtype == tl.float64:
-        eps = 2.220446049250313e-16
-    else:
-        eps = 1.1920928955078125e-07
+    # Maclaurin series between; 0 above 103.892, NaN at the infinities. The operations
+    # and their order are eager's, exp libdevice's accurate one (tl.exp's approximate
+    # exp2 is 1e-5 off at zeta = 88)
     oscillating = x < -2.09
     decaying = x >= 2.09
     series = (oscillating == 0) & (decaying == 0)
     xo = tl.where(oscillating, x, -3.0)
-    zeta = -2.0 * xo * libdevice.sqrt(0.0 - xo) / 3.0
-    z = 1.0 / zeta
+    zeta = ember_div(-2.0 * xo * ember_sqrt(0.0 - xo), 3.0)
+    z = ember_div(1.0, zeta)
     zz = z * z
-    f = ember_poly_airy_osc_f_p(zz) / ember_poly_airy_osc_f_q(zz)
-    g = ember_poly_airy_osc_g_p(zz) / ember_poly_airy_osc_g_q(zz)
+    f = ember_div(zz * ember_poly_airy_osc_f_p(zz), ember_poly_airy_osc_f_q(zz))
+    g = ember_div(z * ember_poly_airy_osc_g_p(zz), ember_poly_airy_osc_g_q(zz))
     t = zeta + 0.7853981633974483
-    wave = libdevice.sin(t) * (1.0 + zz * f) - libdevice.cos(t) * (z * g)
-    wave = 0.564189583547756286948 / libdevice.sqrt(libdevice.sqrt(0.0 - xo)) * wave
+    wave = libdevice.sin(t) * (1.0 + f) - libdevice.cos(t) * g
+    wave = ember_div(0.564189583547756286948, ember_sqrt(ember_sqrt(0.0 - xo))) * wave
     xd = tl.where(decaying, x, 3.0)
-    zeta_d = 2.0 * xd * libdevice.sqrt(xd) / 3.0
-    u = 1.0 / zeta_d
-    r = ember_poly_airy_decay_p(u) / ember_poly_airy_decay_q(u)
-    decay = 0.564189583547756286948 * r / (
-        2.0 * libdevice.sqrt(libdevice.sqrt(xd)) * tl.exp(zeta_d)
+    zeta_d = ember_div(2.0 * xd * ember_sqrt(xd), 3.0)
+    u = ember_div(1.0, zeta_d)
+    r = ember_div(ember_poly_airy_decay_p(u), ember_poly_airy_decay_q(u))
+    decay = ember_div(
+        0.564189583547756286948 * r,
+        2.0 * ember_sqrt(ember_sqrt(xd)) * libdevice.exp(zeta_d),
     )
-    near = ember_airy_series(tl.where(series, x, 0.0), eps)
+    near = ember_airy_series(tl.where(series, x, 0.0))
     out = tl.where(oscillating, wave, tl.where(decaying, decay, near))
     out = tl.where(x > 103.892, 0.0, out)
     return tl.where(tl.abs(x) == float("inf"), float("nan"), out)
@@ -326,17 +353,27 @@ SPECIAL_CALLS: dict[str, tuple[str, ...]] = {
     "ember_k1": ("ember_k1_small", "ember_cheb_k1_large", "ember_k_edges"),
     "ember_k0e": ("ember_k0_small", "ember_cheb_k0_large", "ember_k_edges"),
     "ember_k1e": ("ember_k1_small", "ember_cheb_k1_large", "ember_k_edges"),
-    "ember_digamma": ("ember_poly_digamma_asymptotic",),
-    "ember_hurwitz_zeta": ("ember_any", "ember_zeta_tail"),
-    "ember_zeta": ("ember_hurwitz_zeta",),
+    "ember_digamma": ("ember_poly_digamma_asymptotic", "ember_div"),
+    "ember_zeta_tail": ("ember_div",),
+    "ember_hurwitz_zeta": ("ember_any", "ember_div", "ember_zeta_tail"),
+    "ember_trigamma": ("ember_div",),
     "ember_polygamma": ("ember_digamma", "ember_trigamma", "ember_hurwitz_zeta"),
-    "ember_airy_series": ("ember_any",),
+    "ember_airy_series": ("ember_any", "ember_div"),
     "ember_airy_ai": (
         *(f"ember_poly_{t.lower()}" for t in _AIRY_TABLES),
         "ember_airy_series",
+        "ember_div",
+        "ember_sqrt",
     ),
     **POLYNOMIAL_CALLS,
 }
+
+# Helpers whose kernels compile with libdevice's subnormals kept (kernel.py's
+# FULL_RANGE_OPTIONS): their float32 results depend on subnormal values as eager's do
+# (a zeta term of 1e-42 keeps the sum finite where 0 would make it NaN).
+FULL_RANGE_HELPERS: frozenset[str] = frozenset(
+    {"ember_hurwitz_zeta", "ember_polygamma", "ember_airy_ai"}
+)
 
 # op of the ops protocol -> its floating-point template
 SPECIAL_OPS: dict[str, str] = {
@@ -348,7 +385,7 @@ SPECIAL_OPS: dict[str, str] = {
     "special_scaled_modified_bessel_k1": "ember_k1e({0})",
     "digamma": "ember_digamma({0})",
     "polygamma": "ember_polygamma({0}, {1})",
-    "special_zeta": "ember_zeta({0}, {1})",
+    "special_zeta": "ember_hurwitz_zeta({0}, {1})",
     "special_airy_ai": "ember_airy_ai({0})",
     **POLYNOMIAL_OPS,
 }
