@@ -316,8 +316,37 @@ def test_threads_follow_torch(traced: dict[str, Case], compiled: dict[str, Any])
         torch.set_num_threads(1)
         run_compiled(case, compiled, case.args)
         kernel = compiled[case.kernels[0].name]
-        assert kernel.unit.threads[0] == 1
+        assert kernel.unit.threads == 1
         assert kernel.unit.library.ember_get_max_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_each_python_thread_sets_its_own_count(
+    traced: dict[str, Case], compiled: dict[str, Any]
+) -> None:
+    """OpenMP keeps a thread count per calling thread: a count set by the main thread
+    does not spare another Python thread from setting its own before a launch."""
+    import threading
+
+    case = traced["sum_axes"]
+    kernel = compiled[case.kernels[0].name]
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def other() -> None:
+        run_compiled(case, compiled, case.args)
+        seen.append(kernel.unit.threads)
+
+    try:
+        torch.set_num_threads(1)
+        run_compiled(case, compiled, case.args)
+        assert kernel.unit.threads == 1
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        assert seen == [torch.get_num_threads()]  # set in that thread too, not skipped
+        assert kernel.unit.threads == 1  # the main thread's own record is untouched
     finally:
         torch.set_num_threads(before)
 

@@ -60,6 +60,7 @@ import platform
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -154,16 +155,24 @@ class CompiledUnit:
     source: CppSource
     compile_seconds: float  # 0.0 when loaded from the cache
     flags: tuple[str, ...]
-    threads: list[int] = field(default_factory=lambda: [-1])  # last count set, shared
+    # the count last set, per Python thread: OpenMP keeps a thread count per calling
+    # thread, so one set from the main thread says nothing about another thread's
+    _set: threading.local = field(default_factory=threading.local)
 
     def __post_init__(self) -> None:
         self.set_reduction_schedule(config.reduction_schedule)
 
+    @property
+    def threads(self) -> int:
+        """The OpenMP thread count this Python thread last set for the library (-1:
+        none yet)."""
+        return int(getattr(self._set, "count", -1))
+
     def sync_threads(self) -> None:
         wanted = torch.get_num_threads()
-        if wanted != self.threads[0]:
+        if wanted != getattr(self._set, "count", -1):
             self.library.ember_set_num_threads(ctypes.c_int(wanted))
-            self.threads[0] = wanted
+            self._set.count = wanted
 
     def set_reduction_schedule(self, setting: str) -> None:
         """Fix the schedule of the library's reduction loops (an
