@@ -170,7 +170,7 @@ class CompiledUnit:
 
     def sync_threads(self) -> None:
         wanted = torch.get_num_threads()
-        if wanted != getattr(self._set, "count", -1):
+        if wanted != self.threads:
             self.library.ember_set_num_threads(ctypes.c_int(wanted))
             self._set.count = wanted
 

@@ -121,7 +121,8 @@ def choose_matmuls(
     without = schedule_program(program, plain)
     layouts = {**buffer_layouts(program), **buffer_layouts(with_templates.program)}
     calls = {n.name: n for n in program.nodes if isinstance(n, ExternKernel)}
-    timer.prepare([k for k in with_templates.kernels if k.name in with_templates.matmuls])
+    kernels = [k for k in with_templates.kernels if k.name in with_templates.matmuls]
+    timer.prepare(kernels)
     decisions = [
         decide(
             kernel,
@@ -130,8 +131,7 @@ def choose_matmuls(
             timer,
             standalone=epilogue_stands_alone(kernel, without),
         )
-        for kernel in with_templates.kernels
-        if kernel.name in with_templates.matmuls
+        for kernel in kernels
     ]
     for decision in decisions:
         log.info("matmul templates (auto): %s", decision.describe())
@@ -150,11 +150,10 @@ def epilogue_stands_alone(kernel: FusedKernel, without: Schedule) -> bool:
     next norm's reduction), the unfused way launches no epilogue kernel and reads the
     product once either way: its epilogue costs nothing extra."""
     mine = {m.name for m in kernel.members}
-    for other in without.kernels:
-        names = {m.name for m in other.members}
-        if names & mine and names <= mine:
-            return True
-    return False
+    return any(
+        names & mine and names <= mine
+        for names in ({m.name for m in other.members} for other in without.kernels)
+    )
 
 
 def decide(
