@@ -71,7 +71,7 @@ def test_the_sm_count_comes_from_the_device(monkeypatch: pytest.MonkeyPatch) -> 
     # the special functions match eager on the GPU (test_triton_special_functions.py)
     special = {"special_zeta", "special_airy_ai", "special_legendre_polynomial_p"}
     assert special.isdisjoint(record.unsupported_ops)
-    assert "polygamma" in record.unsupported_ops  # until its bfloat16 bound passes on a GPU
+    assert "polygamma" not in record.unsupported_ops  # its bfloat16 bound passed on a GPU
     assert record.sort_limit == 0  # CUDA sorts stay ATen calls (see devices._cuda_record)
 
 

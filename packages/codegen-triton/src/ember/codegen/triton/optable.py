@@ -136,18 +136,15 @@ UNSUPPORTED: dict[str, str] = {
 
 # Ops the codegen renders whose kernels do not match eager on the GPU yet: the
 # runtime's CUDA record lists them as unsupported, so lowering declines them and the
-# graph runs them another way. Zeta, Airy Ai and the orthogonal polynomials left it
-# once they followed eager's CUDA kernels (NaN degrees as INT64_MIN, zeta summed in
-# float32 for float32, eager's stopping point and correctly rounded division, square
-# root and exp, subnormals kept), checked against eager on an H200 (2026-11-24) by
-# test_triton_special_functions.py. Polygamma stays: in bfloat16, polygamma(4, x) at
-# negative x near its zeros (where the sum cancels) was up to 6% from eager's value
-# for 85 of 3001 inputs; the test's bound for that now allows float32's rounding
-# there, and polygamma leaves this list once that bound has passed on a GPU.
-UNVERIFIED: dict[str, str] = {
-    "polygamma": "bfloat16 polygamma near its zeros at negative x is not yet checked "
-    "against eager on the GPU",
-}
+# graph runs them another way. Empty now: zeta, Airy Ai and the orthogonal polynomials
+# left it once they followed eager's CUDA kernels (NaN degrees as INT64_MIN, zeta
+# summed in float32 for float32, eager's stopping point and correctly rounded
+# division, square root and exp, subnormals kept), checked against eager on an H200
+# (2026-11-24) by test_triton_special_functions.py; polygamma followed once that
+# test's bfloat16 bound (float32's rounding where the sum cancels, near its zeros at
+# negative x) passed on an H100 (2026-11-24). A special function added later enters
+# here until its GPU test passes.
+UNVERIFIED: dict[str, str] = {}
 
 TRITON_OPS.update({name: (template, None) for name, template in SPECIAL_OPS.items()})
 
