@@ -146,8 +146,9 @@ def check_batch_norm_backward(
     fallbacks off) against the eager op: each asked-for gradient equal, with eager's
     dtype, the strides the op's meta function promises, and None where `mask` asks for
     none. Half-precision inputs are computed in float32 and rounded once, as eager
-    does, so they compare at their own precision. `param_dtype` (default `dtype`) is that of the weight and statistics:
-    float32 with a bfloat16 input is the mixed form eager's CPU kernel takes."""
+    does, so they compare at their own precision. `param_dtype` (default `dtype`) is
+    that of the weight and statistics: float32 with a bfloat16 input is the mixed form
+    eager's CPU kernel takes."""
     g = torch.Generator().manual_seed(0)
     channels = shape[1]
     param_dtype = param_dtype or dtype

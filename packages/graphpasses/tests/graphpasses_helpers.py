@@ -30,9 +30,14 @@ class Captured:
 
 
 def aot_capture(
-    model: Callable[..., Any], *inputs: Any, dynamic: bool = False, train: bool = False
+    model: Callable[..., Any],
+    *inputs: Any,
+    dynamic: bool = False,
+    train: bool = False,
+    partition: Callable[..., Any] | None = None,
 ) -> Captured:
-    """Run `torch.compile(model)` with ember's table and keep the ATen graphs."""
+    """Run `torch.compile(model)` with ember's table and keep the ATen graphs
+    (training graphs split by `partition`, AOTAutograd's default if None)."""
     captured = Captured()
 
     def compiler(kind: str) -> Callable[..., Any]:
@@ -59,6 +64,7 @@ def aot_capture(
         inference_compiler=compiler("inference"),
         decompositions=ember_decompositions(),
         keep_inference_input_mutations=True,
+        **({"partition_fn": partition} if partition is not None else {}),
     )
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, dynamic=dynamic, fullgraph=True)

@@ -128,6 +128,6 @@ def test_auto_settings_follow_the_device_types_defaults() -> None:
     assert devices.defaults_for("cuda").mincut and not devices.defaults_for("cpu").mincut
     assert devices.defaults_for("mps") == devices.defaults_for("cpu")
     with config.scope(partitioner="auto", layout="auto"):
-        assert partition_fn("cuda") is min_cut_partition
-        assert partition_fn("cpu") is not min_cut_partition
+        assert partition_fn("cuda").partition is min_cut_partition
+        assert partition_fn("cpu").partition is not min_cut_partition
         assert config.layout_devices == ("cuda",)

@@ -6,6 +6,7 @@ its decomposition table (what ember lowers from, and `REMAINING_OPS`, what is le
 lower) and its default pipeline. See the package README for the files in order.
 """
 
+from ember.graphpasses.batch_norm_statistics import drop_training_running_statistics
 from ember.graphpasses.channels_last import channels_last_convolutions, channels_last_training
 from ember.graphpasses.constant_folding import fold_constants
 from ember.graphpasses.conv_bias import convolution_bias_epilogue
@@ -79,6 +80,7 @@ __all__ = [
     "convolution_bias_epilogue",
     "cpu_linear",
     "default_pipeline",
+    "drop_training_running_statistics",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
     "ember_decompositions",

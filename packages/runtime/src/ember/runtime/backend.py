@@ -27,6 +27,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from ember.graphpasses import (
     aot_decompositions,
     channels_last_training,
+    drop_training_running_statistics,
     merge_common_subexpressions,
     rewrite_attention_pregrad,
 )
@@ -135,15 +136,24 @@ def partition_fn(device_type: str = "cuda") -> Callable[..., Any]:
     costs more than the bytes it saves (GPT-2's step 8.5-9.0 -> 10.6-11.7 ms, 2 cores,
     one thread), so 'auto' saves every value there. The min-cut's cost model asks
     which ops fuse; it is torch's own (written for Inductor), and ember fuses the same
-    pointwise and reduction ops."""
+    pointwise and reduction ops.
+
+    Either way, training-mode batch norm backwards first stop taking the running
+    statistics they never read (`drop_training_running_statistics`), so neither
+    partitioner keeps them for the backward."""
     from torch._functorch import partitioners
 
     choice = config.partitioner
     if choice == "auto":  # the device type's default (ember.runtime.devices)
         choice = "mincut" if defaults_for(device_type).mincut else "save-all"
-    if choice == "mincut":
-        return min_cut_partition
-    return partitioners.default_partition
+    partition = min_cut_partition if choice == "mincut" else partitioners.default_partition
+
+    def split(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        drop_training_running_statistics(joint_module)
+        return partition(joint_module, joint_inputs, **kwargs)
+
+    split.partition = partition  # type: ignore[attr-defined]  # which one, for tests
+    return split
 
 
 def min_cut_partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:

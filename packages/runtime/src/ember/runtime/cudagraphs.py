@@ -194,16 +194,15 @@ class _Output:
 def _metadata(
     dtype: torch.dtype, size: tuple[int, ...], stride: tuple[int, ...], offset: int
 ) -> dict[str, Any]:
-    """What `_tensor_on` needs to build a result over a storage."""
+    """What `_TENSOR_ON` needs to build a result over a storage."""
     return {"dtype": dtype, "size": size, "stride": stride, "storage_offset": offset}
 
 
-def _tensor_on(storage: torch.UntypedStorage, metadata: dict[str, Any]) -> torch.Tensor:
-    """A CUDA tensor viewing `storage` as `metadata` says: one call into torch, where
-    an empty tensor's `set_` takes two and a third of the host time per result (a
-    training step hands out a few hundred)."""
-    make = torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata
-    return make(metadata, storage)  # type: ignore[arg-type]  # an untyped storage
+# A CUDA tensor viewing a storage as `_metadata` says: one call into torch, where an
+# empty tensor's `set_` takes two and a third of the host time per result (a training
+# step hands out a few hundred). Called as `_TENSOR_ON(metadata, storage)`, inline in
+# `replay`'s loop: a Python wrapper around it cost a tenth of the replay.
+_TENSOR_ON = torch._C._construct_CUDA_Tensor_From_Storage_And_Metadata
 
 
 class _Recording:
@@ -274,8 +273,10 @@ class _Recording:
         self.copy_targets = [target for _, _, target in self.copied]
         self.device = torch.device("cuda", device)
         count = torch._C._storage_Use_Count
-        # (storage handle, the recording's own use count of it): see `lent_free`
-        self.lent_counts = [(st._cdata, count(st._cdata)) for st in self.lent_storages.values()]
+        # each lent storage's handle and the recording's own use count of it: see
+        # `lent_free`
+        self.lent_handles = [st._cdata for st in self.lent_storages.values()]
+        self.lent_owns = [count(handle) for handle in self.lent_handles]
 
     def _plan(self, inputs: list[Any]) -> set[int]:
         """Classify each result: a plain value, a view of an input, or pool memory
@@ -365,8 +366,9 @@ class _Recording:
     def lent_free(self) -> bool:
         """Whether every tensor the last replay lent has died (a replay rewrites that
         memory)."""
-        count = torch._C._storage_Use_Count
-        return all(count(handle) == own for handle, own in self.lent_counts)
+        # one C-level pass over the handles and one list comparison: a backward lends
+        # hundreds of results, and a Python loop over them cost more than the replay
+        return list(map(torch._C._storage_Use_Count, self.lent_handles)) == self.lent_owns
 
     def replay(self, args: list[Any]) -> Any:
         copied = self.copied
@@ -384,12 +386,13 @@ class _Recording:
                 torch._foreach_copy_(fresh, sources)
         out = []
         storages = self.lent_storages
+        make = _TENSOR_ON
         for entry in self.plan:
             kind = entry.kind
             if kind == "copy":
                 out.append(fresh[entry.index])
             elif kind == "lent":
-                out.append(_tensor_on(storages[entry.index], entry.value))
+                out.append(make(entry.value, storages[entry.index]))  # type: ignore[arg-type]
             elif kind == "input":
                 out.append(args[entry.index])
             elif kind == "value":
@@ -400,7 +403,7 @@ class _Recording:
                     base.as_strided(entry.size, entry.stride, base.storage_offset() + entry.offset)
                 )
             else:
-                out.append(_tensor_on(fresh[entry.index].untyped_storage(), entry.value))
+                out.append(make(entry.value, fresh[entry.index].untyped_storage()))  # type: ignore[arg-type]
         args.clear()
         if self.container is None:
             return out[0]
