@@ -221,6 +221,24 @@ def test_small_pooling_windows_are_unrolled_and_match_eager_on_edge_values() -> 
     check(lambda x: F.avg_pool2d(x, 2, 2, ceil_mode=True).flatten(1), torch.randn(2, 3, 1, 1))
 
 
+def test_three_dimensional_pooling_matches_eager() -> None:
+    """avg_pool3d and adaptive_avg_pool3d are lowered (no ATen call): small windows
+    unrolled, a large one a reduction over three window dimensions, with padding,
+    ceil mode, the count without padding, a divisor override, and adaptive windows
+    of unequal sizes."""
+    x = torch.randn(2, 3, 5, 7, 6)
+    small = check(lambda x: F.avg_pool3d(x, 2, 2, 1, count_include_pad=False), x)
+    assert not any(isinstance(b.loop, Reduction) for b in computed(small))
+    check(lambda x: F.avg_pool3d(x, (2, 3, 2), (1, 2, 2), (1, 1, 0), ceil_mode=True), x)
+    check(lambda x: F.avg_pool3d(x, 2, divisor_override=3), x)
+    large = check(lambda x: F.avg_pool3d(x, 3, 1, 1), x)
+    assert any(
+        isinstance(b.loop, Reduction) and len(b.loop.reduction_ranges) == 3 for b in computed(large)
+    )
+    check(lambda x: F.adaptive_avg_pool3d(x, (3, 2, 4)), x)
+    check(lambda x: F.adaptive_avg_pool3d(x, 1), torch.randn(1, 4, 3, 3, 3))
+
+
 def test_indirect_loads_and_scatters_match_eager() -> None:
     x = torch.randn(5, 4)
     idx = torch.tensor([4, -1, 0, 2])
@@ -304,15 +322,18 @@ def test_symbolic_sizes_are_never_specialised() -> None:
 
 
 def test_fallbacks_off_names_op_and_node() -> None:
-    with pytest.raises(LoweringError, match=r"node 'avg_pool3d' \(aten.avg_pool3d.default\)"):
-        lower(lambda x: F.avg_pool3d(x, 2), torch.randn(1, 2, 4, 4, 4))
+    # pdist has no lowering (the pair index k -> (i, j) of the upper triangle)
+    with pytest.raises(
+        LoweringError, match=r"node '_pdist_forward' \(aten._pdist_forward.default\)"
+    ):
+        lower(lambda x: F.pdist(x), torch.randn(5, 3))
 
 
 def test_fallback_extern_consumes_realized_lazy_values() -> None:
-    x = torch.randn(1, 2, 4, 4, 4)
-    program = check(lambda x: F.avg_pool3d(x * 2, 2) + 1, x, allow_fallback=True)
+    x = torch.randn(5, 3)
+    program = check(lambda x: F.pdist(x * 2) + 1, x, allow_fallback=True)
     (extern,) = program.extern_kernels()
-    assert extern.fallback and extern.op is torch.ops.aten.avg_pool3d.default
+    assert extern.fallback and extern.op is torch.ops.aten._pdist_forward.default
 
 
 def test_verifier_rejects_out_of_bounds_and_bad_dtypes() -> None:

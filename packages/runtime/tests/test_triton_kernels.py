@@ -175,6 +175,16 @@ CASES: dict[str, Case] = {
         _pool_input,
         {},
     ),
+    # 3-d pooling: a 3x3x3 window as a reduction over three window dimensions (padded,
+    # the count without padding), and adaptive windows of unequal sizes
+    "avg_pool3d_window": (
+        lambda x: (
+            torch.nn.functional.avg_pool3d(x, 3, 2, 1, count_include_pad=False),
+            torch.nn.functional.adaptive_avg_pool3d(x, (2, 3, 2)),
+        ),
+        _args((2, 3, 5, 7, 6)),
+        {},
+    ),
     "masked_softmax_prologue": (_safe_softmax, _masked_scores, {"atol": 1e-6}),
     "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
     "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),

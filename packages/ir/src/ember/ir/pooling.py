@@ -1,5 +1,5 @@
-"""Lowerings of pooling and resampling: max_pool2d (values and indices), avg_pool2d,
-adaptive avg/max pool 2d, and bilinear upsampling.
+"""Lowerings of pooling and resampling: max_pool2d (values and indices), avg_pool2d and
+avg_pool3d, adaptive avg pool 2d and 3d, adaptive max pool 2d, and bilinear upsampling.
 
 A small fixed window (max_pool2d and avg_pool2d of at most `UNROLL_WINDOW` elements,
 such as ResNet's 3x3 stem pool) is unrolled into pointwise code: one masked load per
@@ -17,6 +17,8 @@ source coordinate, computed as eager computes it.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,11 +42,32 @@ aten = torch.ops.aten
 UNROLL_WINDOW = 16
 
 
-def _pair(value: Any, default: Sequence[int] | None = None) -> list[int]:
+def _spatial(value: Any, dims: int, default: Sequence[int] | None = None) -> list[int]:
+    """A pooling argument as one int per spatial dimension (a single value repeats)."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items and default is not None:
         return list(default)
-    return [int(v) for v in items] * (2 if len(items) == 1 else 1)
+    return [int(v) for v in items] * (dims if len(items) == 1 else 1)
+
+
+def _pair(value: Any, default: Sequence[int] | None = None) -> list[int]:
+    return _spatial(value, 2, default)
+
+
+def _and_all(checks: Sequence[Node]) -> Node:
+    mask = checks[0]
+    for check in checks[1:]:
+        mask = op("logical_and", mask, check)
+    return mask
+
+
+def _flat(coords: Sequence[sympy.Expr], sizes: Sequence[sympy.Expr]) -> sympy.Expr:
+    """The position of `coords` in a row-major block of `sizes` (eager's pooling
+    indices: flat over the spatial dimensions)."""
+    flat: sympy.Expr = sympy.Integer(0)
+    for coord, size in zip(coords, sizes, strict=True):
+        flat = flat * size + coord
+    return flat
 
 
 def _ints(sizes: Sequence[sympy.Expr]) -> list[int]:
@@ -65,34 +88,28 @@ def _window(
     fill: float,
     dtype: torch.dtype,
 ) -> LazyTensor:
-    """Store a reduction over 2-d windows: `starts(index)` gives the window's first
-    input row and column, `limits(index)` how many of its rows and columns count."""
+    """Store a reduction over windows of the last len(kernel) dimensions:
+    `starts(index)` gives the window's first input position along each, `limits(index)`
+    how many of its positions along each count."""
+    dims = len(kernel)
     i = loop_vars(len(out_size))
-    r = [index_var("r", 0), index_var("r", 1)]
-    h0, w0 = starts(i)
-    rows, cols = limits(i)
-    ih, iw = h0 + r[0] * dilation[0], w0 + r[1] * dilation[1]
-    height, width = x.size[-2], x.size[-1]
-    checks = [
-        op("ge", IndexExpr(ih), IndexExpr(sympy.Integer(0))),
-        op("lt", IndexExpr(ih), IndexExpr(height)),
-        op("ge", IndexExpr(iw), IndexExpr(sympy.Integer(0))),
-        op("lt", IndexExpr(iw), IndexExpr(width)),
-        op("lt", IndexExpr(r[0]), IndexExpr(rows)),
-        op("lt", IndexExpr(r[1]), IndexExpr(cols)),
-    ]
-    mask = checks[0]
-    for check in checks[1:]:
-        mask = op("logical_and", mask, check)
-    inner = cast(x.loader([*i[:-2], ih, iw]), dtype)
+    r = [index_var("r", d) for d in range(dims)]
+    coords = [s + rd * dl for s, rd, dl in zip(starts(i), r, dilation, strict=True)]
+    checks: list[Node] = []
+    for coord, size in zip(coords, x.size[-dims:], strict=True):
+        checks.append(op("ge", IndexExpr(coord), IndexExpr(sympy.Integer(0))))
+        checks.append(op("lt", IndexExpr(coord), IndexExpr(size)))
+    for rd, limit in zip(r, limits(i), strict=True):
+        checks.append(op("lt", IndexExpr(rd), IndexExpr(limit)))
+    mask = _and_all(checks)
+    inner = cast(x.loader([*i[:-dims], *coords]), dtype)
     body = Where(mask, guard(inner, mask), const(fill, dtype))
     ranges = tuple(out_size)
     layout = lowering.node_layout(
         x.device, torch.int64 if kind.startswith("arg") else dtype, ranges
     )
-    ref = lowering.store(
-        Reduction(ranges, (sympy.Integer(kernel[0]), sympy.Integer(kernel[1])), kind, body), layout
-    )
+    window = tuple(sympy.Integer(k) for k in kernel)
+    ref = lowering.store(Reduction(ranges, window, kind, body), layout)
     return lowering.tensor(ref)
 
 
@@ -107,34 +124,36 @@ def _taps(
     dilation: Sequence[int],
 ) -> list[Tap]:
     """The window's elements for output point `i`, in row-major window order."""
-    h0, w0 = starts(i)
-    height, width = x.size[-2], x.size[-1]
+    dims = len(kernel)
+    first = starts(i)
+    sizes = x.size[-dims:]
+    zero = sympy.Integer(0)
     found: list[Tap] = []
-    for a in range(kernel[0]):
-        for b in range(kernel[1]):
-            ih, iw = h0 + a * dilation[0], w0 + b * dilation[1]
-            zero = sympy.Integer(0)
-            mask = op("logical_and", in_range(ih, zero, height), in_range(iw, zero, width))
-            found.append((mask, _guard_window(x, i, ih, iw, mask), ih * width + iw))
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        coords = [s + o * dl for s, o, dl in zip(first, offsets, dilation, strict=True)]
+        mask = _and_all([in_range(co, zero, n) for co, n in zip(coords, sizes, strict=True)])
+        found.append((mask, _guard_window(x, i, coords, mask), _flat(coords, sizes)))
     return found
 
 
 def _guard_window(
-    x: LazyTensor, i: Sequence[sympy.Expr], ih: sympy.Expr, iw: sympy.Expr, mask: Node
+    x: LazyTensor, i: Sequence[sympy.Expr], coords: Sequence[sympy.Expr], mask: Node
 ) -> Node:
-    """`x` at input row `ih`, column `iw` of output point `i`, with the loads that
-    depend on the window position masked by `mask`. The body is built at stand-in
-    coordinates first, so a load is masked exactly when its index moves with the
-    position. A load that does not (a batch norm's per-channel weight, inlined from
-    the producer) reads the same in-bounds element for every tap: left unmasked, the
-    taps share one load."""
-    row, col = sympy.Symbol("tap_row", integer=True), sympy.Symbol("tap_col", integer=True)
+    """`x` at input position `coords` (its last dimensions) of output point `i`, with
+    the loads that depend on the window position masked by `mask`. The body is built
+    at stand-in coordinates first, so a load is masked exactly when its index moves
+    with the position. A load that does not (a batch norm's per-channel weight,
+    inlined from the producer) reads the same in-bounds element for every tap: left
+    unmasked, the taps share one load."""
+    dims = len(coords)
+    stand_in = [sympy.Symbol(f"tap_{d}", integer=True) for d in range(dims)]
+    moving = set(stand_in)
     body = guard(
-        x.loader([*i[:-2], row, col]),
+        x.loader([*i[:-dims], *stand_in]),
         mask,
-        only=lambda load: bool({row, col} & sympy.sympify(load.index).free_symbols),
+        only=lambda load: bool(moving & sympy.sympify(load.index).free_symbols),
     )
-    return replace_index(body, {row: ih, col: iw})
+    return replace_index(body, dict(zip(stand_in, coords, strict=True)))
 
 
 def _unrolled_max(
@@ -211,26 +230,37 @@ def lower_max_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> tuple[Lazy
 
 @register_lowering(aten.avg_pool2d.default)
 def lower_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    return _avg_pool(lowering, node, 2)
+
+
+@register_lowering(aten.avg_pool3d.default)
+def lower_avg_pool3d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    return _avg_pool(lowering, node, 3)
+
+
+def _avg_pool(lowering: GraphLowering, node: torch.fx.Node, dims: int) -> LazyTensor:
+    """avg_pool2d and avg_pool3d: the window's sum over its count (the padded or the
+    in-bounds extent per dimension, or `divisor_override`)."""
     a = lowering.args(node)
     x = lowering.tensor(a["self"])
-    kernel = _pair(a["kernel_size"])
-    stride = _pair(a["stride"], kernel)
-    pad = _pair(a["padding"])
-    height, width = _ints(x.size[-2:])
+    kernel = _spatial(a["kernel_size"], dims)
+    stride = _spatial(a["stride"], dims, kernel)
+    pad = _spatial(a["padding"], dims)
+    sizes = _ints(x.size[-dims:])
     out_size = lowering.out_size(node)
     dtype = acc_dtype(x.dtype)
 
-    def starts(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        return i[-2] * stride[0] - pad[0], i[-1] * stride[1] - pad[1]
+    def starts(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+        return tuple(o * st - p for o, st, p in zip(i[-dims:], stride, pad, strict=True))
 
-    def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        return sympy.Integer(kernel[0]), sympy.Integer(kernel[1])
+    def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+        return tuple(sympy.Integer(k) for k in kernel)
 
     total: LazyTensor
-    if kernel[0] * kernel[1] <= UNROLL_WINDOW:
+    if math.prod(kernel) <= UNROLL_WINDOW:
 
         def window_sum(i: Index) -> Node:
-            taps = _taps(x, i, starts, kernel, [1, 1])
+            taps = _taps(x, i, starts, kernel, [1] * dims)
             parts = [Where(mask, cast(load, dtype), const(0.0, dtype)) for mask, load, _ in taps]
             acc: Node = parts[0]
             for part in parts[1:]:
@@ -239,21 +269,22 @@ def lower_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor
 
         total = LazyTensor(x.device, dtype, out_size, window_sum)
     else:
-        total = _window(lowering, x, out_size, starts, kernel, [1, 1], limits, "sum", 0.0, dtype)
+        ones = [1] * dims
+        total = _window(lowering, x, out_size, starts, kernel, ones, limits, "sum", 0.0, dtype)
     override = a["divisor_override"]
     include_pad = bool(a["count_include_pad"])
 
     def divisor(i: Index) -> Node:
         if override:
             return const(float(override), dtype)
-        counts = []
-        for start, k, size, p in zip(starts(i), kernel, (height, width), pad, strict=True):
+        count: sympy.Expr = sympy.Integer(1)
+        for start, k, size, p in zip(starts(i), kernel, sizes, pad, strict=True):
             end = sympy.Min(start + k, size + p)
             if include_pad:
-                counts.append(end - start)
+                count = count * (end - start)
             else:
-                counts.append(sympy.Min(end, size) - sympy.Max(start, 0))
-        return cast(IndexExpr(counts[0] * counts[1]), dtype)
+                count = count * (sympy.Min(end, size) - sympy.Max(start, 0))
+        return cast(IndexExpr(count), dtype)
 
     return LazyTensor(
         x.device,
@@ -263,62 +294,87 @@ def lower_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor
     )
 
 
+def _adaptive_bounds(sizes: Sequence[int], outs: Sequence[int]) -> tuple[Any, Any, list[int]]:
+    """Adaptive pooling's windows along the last len(sizes) dimensions: output o of n
+    inputs over m outputs covers [floor(o*n/m), ceil((o+1)*n/m)). Returns the starts
+    and ends (functions of the output index) and the largest window per dimension."""
+    dims = len(sizes)
+    kernel = [
+        max(-(-(o + 1) * n // m) - (o * n // m) for o in range(m)) if m else 1
+        for n, m in zip(sizes, outs, strict=True)
+    ]
+
+    def starts(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+        return tuple(FloorDiv(o * n, m) for o, n, m in zip(i[-dims:], sizes, outs, strict=True))
+
+    def ends(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+        return tuple(
+            FloorDiv((o + 1) * n + m - 1, m) for o, n, m in zip(i[-dims:], sizes, outs, strict=True)
+        )
+
+    return starts, ends, kernel
+
+
 def _adaptive(
-    lowering: GraphLowering, node: torch.fx.Node, kind: str
+    lowering: GraphLowering, node: torch.fx.Node, kind: str, dims: int
 ) -> tuple[LazyTensor, LazyTensor]:
     x = lowering.tensor(node.args[0])
-    height, width = _ints(x.size[-2:])
+    sizes = _ints(x.size[-dims:])
     out_size = (
         tuple(sympy.Integer(int(s)) for s in lowering.out_val(node).shape)
         if kind == "sum"
         else tuple(sympy.Integer(int(s)) for s in node.meta["val"][0].shape)
     )
-    oh, ow = int(out_size[-2]), int(out_size[-1])
-    kernel = [
-        max(-(-(o + 1) * n // m) - (o * n // m) for o in range(m)) if m else 1
-        for n, m in ((height, oh), (width, ow))
-    ]
+    outs = [int(o) for o in out_size[-dims:]]
+    starts, ends, kernel = _adaptive_bounds(sizes, outs)
 
-    def starts(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        return FloorDiv(i[-2] * height, oh), FloorDiv(i[-1] * width, ow)
-
-    def ends(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        return FloorDiv((i[-2] + 1) * height + oh - 1, oh), FloorDiv(
-            (i[-1] + 1) * width + ow - 1, ow
-        )
-
-    def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        (h0, w0), (h1, w1) = starts(i), ends(i)
-        return h1 - h0, w1 - w0
+    def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+        return tuple(e - s for s, e in zip(starts(i), ends(i), strict=True))
 
     dtype = acc_dtype(x.dtype) if kind == "sum" else x.dtype
     fill = 0.0 if kind == "sum" else float("-inf")
-    first = _window(lowering, x, out_size, starts, kernel, [1, 1], limits, kind, fill, dtype)
+    ones = [1] * dims
+    first = _window(lowering, x, out_size, starts, kernel, ones, limits, kind, fill, dtype)
     if kind == "sum":
         return first, first
-    arg = _window(lowering, x, out_size, starts, kernel, [1, 1], limits, "argmax", fill, dtype)
+    arg = _window(lowering, x, out_size, starts, kernel, ones, limits, "argmax", fill, dtype)
 
     def index(i: Index) -> Node:
+        # the window's flat offset k, unravelled over the largest window, then the
+        # input position flat over the spatial dimensions
         k = arg.loader(i)
-        h0, w0 = starts(i)
-        row = op("add", IndexExpr(h0), op("floordiv", k, c(kernel[1], k)))
-        col = op("add", IndexExpr(w0), op("remainder", k, c(kernel[1], k)))
-        return op("add", op("mul", row, c(width, row)), col)
+        flat: Node = c(0, k)
+        for d, (start, size) in enumerate(zip(starts(i), sizes, strict=True)):
+            inner = math.prod(kernel[d + 1 :])
+            offset = op("remainder", op("floordiv", k, c(inner, k)), c(kernel[d], k))
+            coord = op("add", IndexExpr(start), offset)
+            flat = op("add", op("mul", flat, c(size, flat)), coord)
+        return flat
 
     return first, LazyTensor(x.device, torch.int64, out_size, index)
 
 
 @register_lowering(aten._adaptive_avg_pool2d.default)
 def lower_adaptive_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
-    total, _ = _adaptive(lowering, node, "sum")
+    return _adaptive_avg_pool(lowering, node, 2)
+
+
+@register_lowering(aten._adaptive_avg_pool3d.default)
+def lower_adaptive_avg_pool3d(lowering: GraphLowering, node: torch.fx.Node) -> LazyTensor:
+    return _adaptive_avg_pool(lowering, node, 3)
+
+
+def _adaptive_avg_pool(lowering: GraphLowering, node: torch.fx.Node, dims: int) -> LazyTensor:
+    total, _ = _adaptive(lowering, node, "sum", dims)
     x = lowering.tensor(node.args[0])
-    height, width = _ints(x.size[-2:])
-    oh, ow = (int(s) for s in total.size[-2:])
+    sizes = _ints(x.size[-dims:])
+    starts, ends, _ = _adaptive_bounds(sizes, [int(s) for s in total.size[-dims:]])
 
     def count(i: Index) -> Node:
-        rows = FloorDiv((i[-2] + 1) * height + oh - 1, oh) - FloorDiv(i[-2] * height, oh)
-        cols = FloorDiv((i[-1] + 1) * width + ow - 1, ow) - FloorDiv(i[-1] * width, ow)
-        return cast(IndexExpr(rows * cols), total.dtype)
+        extent: sympy.Expr = sympy.Integer(1)
+        for s, e in zip(starts(i), ends(i), strict=True):
+            extent = extent * (e - s)
+        return cast(IndexExpr(extent), total.dtype)
 
     val = lowering.out_val(node)
     return LazyTensor(
@@ -333,7 +389,7 @@ def lower_adaptive_avg_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> L
 def lower_adaptive_max_pool2d(
     lowering: GraphLowering, node: torch.fx.Node
 ) -> tuple[LazyTensor, LazyTensor]:
-    return _adaptive(lowering, node, "max")
+    return _adaptive(lowering, node, "max", 2)
 
 
 @register_lowering(aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec)
