@@ -63,6 +63,14 @@ def test_a_collective_blocks() -> None:
     assert "is a collective" in str(cudagraphs.graph_blocker(gm, [], "off"))
 
 
+def test_a_graph_of_views_launches_nothing() -> None:
+    views = _traced(lambda x: (x.t()[1:], x.view(16).unsqueeze(0)), (4, 4))
+    assert cudagraphs.launches_nothing(views)
+    assert not cudagraphs.launches_nothing(_traced(lambda x: x.t() * 2, (4, 4)))
+    # an in-place op returns an alias of its input, but writes it
+    assert not cudagraphs.launches_nothing(_traced(lambda x: x.mul_(2), (4, 4)))
+
+
 def test_mode_and_options_become_settings() -> None:
     assert call_settings(None, None)["cudagraphs"] == config.cudagraphs
     assert call_settings("reduce-overhead", None)["cudagraphs"] == "on"

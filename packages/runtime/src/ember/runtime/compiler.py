@@ -469,6 +469,10 @@ def _graphed(
         return call
     from ember.runtime import cudagraphs
 
+    if cudagraphs.launches_nothing(gm):
+        record.cudagraphs = "off: the graph launches nothing (views only)"
+        return call
+
     if artifact is not None:  # whatever this process's settings (EMBER_CHECK, graphs off)
         plain = cudagraphs.graph_blocker(gm, static_inputs, "off")
         artifact.extra["cudagraphs"] = {"device": cudagraphs.graph_device(gm), "blocker": plain}

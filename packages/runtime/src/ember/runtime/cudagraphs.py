@@ -168,6 +168,28 @@ def graph_blocker(gm: torch.fx.GraphModule, static_inputs: Sequence[int], check:
     return None
 
 
+def launches_nothing(gm: torch.fx.GraphModule) -> bool:
+    """Whether every op of `gm` is a view (its result aliases an input, nothing
+    written) or picks a tuple item: such a graph launches no device work, so a
+    recording of it would be empty (torch warns about each one) and a replay saves
+    nothing over the plain call."""
+    import operator
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if node.op != "call_function":
+            return False
+        if node.target is operator.getitem:
+            continue
+        schema = getattr(node.target, "_schema", None)
+        returns = schema.returns if schema is not None else []
+        alias = returns[0].alias_info if len(returns) == 1 else None
+        if alias is None or alias.is_write:
+            return False
+    return True
+
+
 def graph_device(gm: torch.fx.GraphModule) -> int:
     for node in gm.graph.nodes:
         value = node.meta.get("val")
