@@ -69,6 +69,16 @@ def test_a_graph_of_views_launches_nothing() -> None:
     assert not cudagraphs.launches_nothing(_traced(lambda x: x.t() * 2, (4, 4)))
     # an in-place op returns an alias of its input, but writes it
     assert not cudagraphs.launches_nothing(_traced(lambda x: x.mul_(2), (4, 4)))
+    # the compile path leaves such a graph plain, under `on` too, and says why
+    from ember.runtime.compiler import CompileRecord, _graphed
+
+    def call(args: list[Any]) -> Any:
+        return args
+
+    record = CompileRecord(graph="views")
+    with config.scope(cudagraphs="on"):
+        assert _graphed(call, views, record, []) is call
+    assert record.cudagraphs == "off: the graph launches nothing (views only)"
 
 
 def test_mode_and_options_become_settings() -> None:

@@ -469,15 +469,15 @@ def _graphed(
         return call
     from ember.runtime import cudagraphs
 
-    if cudagraphs.launches_nothing(gm):
-        record.cudagraphs = "off: the graph launches nothing (views only)"
-        return call
-
+    empty = "the graph launches nothing (views only)" if cudagraphs.launches_nothing(gm) else None
     if artifact is not None:  # whatever this process's settings (EMBER_CHECK, graphs off)
-        plain = cudagraphs.graph_blocker(gm, static_inputs, "off")
+        plain = empty or cudagraphs.graph_blocker(gm, static_inputs, "off")
         artifact.extra["cudagraphs"] = {"device": cudagraphs.graph_device(gm), "blocker": plain}
     if setting == "off":
         record.cudagraphs = "off"
+        return call
+    if empty is not None:  # nothing to record: no log line, under any setting
+        record.cudagraphs = f"off: {empty}"
         return call
     blocker = cudagraphs.graph_blocker(gm, static_inputs, config.check)
     if blocker is not None:
