@@ -221,6 +221,29 @@ def test_small_pooling_windows_are_unrolled_and_match_eager_on_edge_values() -> 
     check(lambda x: F.avg_pool2d(x, 2, 2, ceil_mode=True).flatten(1), torch.randn(2, 3, 1, 1))
 
 
+def test_an_overlapping_pool_reads_its_producer_stored_where_shared_values_are_stored() -> None:
+    """A batch norm and ReLU feeding a 3x3 stride-2 max pool (ResNet's stem): stored
+    once and read by the nine taps where shared values are not recomputed (the CPU),
+    inlined into every tap where they are (a GPU); same values either way. A pool
+    whose windows do not overlap reads each element once and keeps it inlined."""
+
+    def stem(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(torch.relu(x * w + b), 3, 2, 1)
+
+    args = (torch.randn(2, 4, 9, 8), torch.randn(4, 1, 1), torch.randn(4, 1, 1))
+
+    def full_size(program: Any) -> int:  # buffers of the pooled input's size
+        return sum(tuple(b.layout.size) == (2, 4, 9, 8) for b in computed(program))
+
+    assert full_size(check(stem, *args)) == 1
+    assert full_size(check(stem, *args, recompute_shared=True)) == 0
+
+    def disjoint(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(torch.relu(x * w + b), 2, 2)
+
+    assert full_size(check(disjoint, *args)) == 0
+
+
 def test_three_dimensional_pooling_matches_eager() -> None:
     """avg_pool3d and adaptive_avg_pool3d are lowered (no ATen call): small windows
     unrolled, a large one a reduction over three window dimensions, with padding,
