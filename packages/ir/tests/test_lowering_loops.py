@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -244,6 +245,18 @@ def test_an_overlapping_pool_reads_its_producer_stored_where_shared_values_are_s
     assert full_size(check(disjoint, *args)) == 0
 
 
+def test_pdist_matches_eager_for_each_norm() -> None:
+    """Every pair (i, j) recovered from its output index (checked for 700 rows: 244650
+    pairs), each norm eager special-cases, one row (no pairs), and a repeated row
+    (a zero distance, which the 0-norm counts as no difference)."""
+    x = torch.randn(9, 5)
+    x[4] = x[7]
+    for p in (2.0, 1.0, 0.0, float("inf"), 3.0, 0.5):
+        check(functools.partial(F.pdist, p=p), x)
+    check(lambda x: F.pdist(x), torch.randn(1, 3))
+    check(lambda x: F.pdist(x), torch.randn(700, 2))
+
+
 def test_three_dimensional_pooling_matches_eager() -> None:
     """avg_pool3d and adaptive_avg_pool3d are lowered (no ATen call): small windows
     unrolled, a large one a reduction over three window dimensions, with padding,
@@ -344,19 +357,26 @@ def test_symbolic_sizes_are_never_specialised() -> None:
         torch.testing.assert_close(out, fn(a, b))
 
 
+def _volume_and_grid() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(1, 2, 3, 4, 4, generator=g), torch.rand(1, 2, 2, 2, 3, generator=g) * 2 - 1
+
+
 def test_fallbacks_off_names_op_and_node() -> None:
-    # pdist has no lowering (the pair index k -> (i, j) of the upper triangle)
+    # 3-d grid sampling has no lowering (the 2-d one is torch's decomposition)
     with pytest.raises(
-        LoweringError, match=r"node '_pdist_forward' \(aten._pdist_forward.default\)"
+        LoweringError, match=r"node 'grid_sampler_3d' \(aten.grid_sampler_3d.default\)"
     ):
-        lower(lambda x: F.pdist(x), torch.randn(5, 3))
+        lower(lambda x, g: F.grid_sample(x, g, align_corners=False), *_volume_and_grid())
 
 
 def test_fallback_extern_consumes_realized_lazy_values() -> None:
-    x = torch.randn(5, 3)
-    program = check(lambda x: F.pdist(x * 2) + 1, x, allow_fallback=True)
+    x, grid = _volume_and_grid()
+    program = check(
+        lambda x, g: F.grid_sample(x * 2, g, align_corners=False) + 1, x, grid, allow_fallback=True
+    )
     (extern,) = program.extern_kernels()
-    assert extern.fallback and extern.op is torch.ops.aten._pdist_forward.default
+    assert extern.fallback and extern.op is torch.ops.aten.grid_sampler_3d.default
 
 
 def test_verifier_rejects_out_of_bounds_and_bad_dtypes() -> None:

@@ -185,6 +185,9 @@ CASES: dict[str, Case] = {
         _args((2, 3, 5, 7, 6)),
         {},
     ),
+    # pdist: each output's row pair recovered from its index, then a reduction over
+    # the columns through indirect loads of both rows
+    "pdist": (lambda x: (torch.pdist(x), torch.pdist(x, 1.0)), _args((23, 5)), {}),
     "masked_softmax_prologue": (_safe_softmax, _masked_scores, {"atol": 1e-6}),
     "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
     "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),
