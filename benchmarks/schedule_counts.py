@@ -15,62 +15,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-from typing import Any
 
-import torch
-from torch._dynamo.backends.common import aot_autograd
+from traffic_report import capture_graphs  # benchmarks/ is on sys.path when run as a script
 
 import ember.runtime  # noqa: F401
-from ember.graphpasses import aot_decompositions, default_pipeline, rewrite_attention_pregrad
+from ember.graphpasses import default_pipeline
 from ember.ir import LoweringOptions, lower_graph, verify
-from ember.runtime.backend import _channels_last_then, partition_fn
-from ember.runtime.bench.measure import step_fn
-from ember.runtime.bench.registry import MODELS
 from ember.scheduler import DeviceChoices, kernel_bytes, schedule_program
-
-
-class _Captured(Exception):
-    pass
-
-
-def capture(name: str, device: str, mode: str) -> list[tuple[str, torch.fx.GraphModule]]:
-    torch._dynamo.reset()
-    model, inputs = MODELS[name].build("gpu" if device == "cuda" else "cpu")
-    if device == "cuda":
-        model = model.to(torch.bfloat16)
-        inputs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
-    found: list[tuple[str, torch.fx.GraphModule]] = []
-
-    def compiler(kind: str) -> Any:
-        def keep(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            found.append((kind, gm))
-            if kind != "forward":  # the backward is traced after the forward returns
-                raise _Captured
-            return gm.forward
-
-        return keep
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-        rewrite_attention_pregrad(gm)
-        split = partition_fn(device)
-        if device == "cuda":  # traced on the CPU: the layout pass is asked for it there
-            split = _channels_last_then(split, ("cpu",))
-        inner = aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-            decompositions=aot_decompositions(),
-            partition_fn=split,
-            keep_inference_input_mutations=True,
-        )
-        return inner(gm, example_inputs)
-
-    try:
-        step_fn(torch.compile(model, backend=backend), list(inputs), mode)()
-    except Exception as exc:  # Dynamo wraps the capture signal
-        if "_Captured" not in repr(exc):
-            raise
-    return found
 
 
 def report(name: str, device: str, mode: str) -> None:
@@ -84,7 +35,7 @@ def report(name: str, device: str, mode: str) -> None:
         from ember.codegen.cpp import CPP_CHOICES
 
         choices = CPP_CHOICES
-    for kind, gm in capture(name, device, mode):
+    for kind, gm in capture_graphs(name, mode, device, layout=True):
         ops = collections.Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
         norms = {op: k for op, k in ops.items() if "batch_norm" in op}
         gm, _ = default_pipeline().run(gm)

@@ -21,9 +21,9 @@ from torch._dynamo.backends.common import aot_autograd
 
 import ember.runtime  # noqa: F401
 from ember.codegen.triton import TRITON_CHOICES, UNSUPPORTED
-from ember.graphpasses import default_pipeline, ember_decompositions, rewrite_attention_pregrad
+from ember.graphpasses import aot_decompositions, default_pipeline, rewrite_attention_pregrad
 from ember.ir import LoweringOptions, lower_graph
-from ember.runtime.backend import partition_fn
+from ember.runtime.backend import _channels_last_then, partition_fn
 from ember.runtime.bench.measure import step_fn
 from ember.runtime.bench.registry import MODELS
 from ember.scheduler import kernel_bytes, schedule_program
@@ -52,14 +52,20 @@ def report(gm: torch.fx.GraphModule, name: str, top: int, recompute: bool = Fals
         print(f"  {size / 1e6:9.1f} MB  {kernel}")
 
 
-def capture_graphs(name: str, mode: str) -> list[tuple[str, torch.fx.GraphModule]]:
-    """(kind, graph) for each graph AOTAutograd hands ember's backend for the model at
-    its GPU size in bfloat16 ('inference', or 'forward' and 'backward'), traced on
-    fake values on the CPU: nothing runs."""
+def capture_graphs(
+    name: str, mode: str, device: str = "cuda", layout: bool = False
+) -> list[tuple[str, torch.fx.GraphModule]]:
+    """(kind, graph) for each graph AOTAutograd hands ember's backend for the model
+    ('inference', or 'forward' and 'backward'), traced on fake values on the CPU:
+    nothing runs. `device` 'cuda': the GPU size in bfloat16, split as on CUDA (min-cut);
+    'cpu': the CPU size in float32, split as on the CPU. `layout` also turns a CUDA
+    training step's joint graph channels-last first, as the runtime does there (asked
+    for on the CPU, where the tracing happens)."""
     torch._dynamo.reset()
-    model, inputs = MODELS[name].build("gpu")
-    model = model.to(torch.bfloat16)
-    inputs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
+    model, inputs = MODELS[name].build("gpu" if device == "cuda" else "cpu")
+    if device == "cuda":
+        model = model.to(torch.bfloat16)
+        inputs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs]
     found: list[tuple[str, torch.fx.GraphModule]] = []
 
     def compiler(kind: str) -> Any:
@@ -73,12 +79,15 @@ def capture_graphs(name: str, mode: str) -> list[tuple[str, torch.fx.GraphModule
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         rewrite_attention_pregrad(gm)
+        split = partition_fn(device)
+        if layout and device == "cuda":
+            split = _channels_last_then(split, ("cpu",))
         inner = aot_autograd(
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
-            decompositions=ember_decompositions(),
-            partition_fn=partition_fn(),
+            decompositions=aot_decompositions(),
+            partition_fn=split,
             keep_inference_input_mutations=True,
         )
         return inner(gm, example_inputs)
