@@ -10,7 +10,7 @@ still see every load's index.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import sympy
@@ -31,6 +31,14 @@ def index_value(expr: sympy.Expr) -> Node:
     return IndexExpr(sympy.sympify(expr))
 
 
+def all_of(checks: Sequence[Node]) -> Node:
+    """Bool node: every one of `checks` (at least one) holds."""
+    result = checks[0]
+    for check in checks[1:]:
+        result = op("logical_and", result, check)
+    return result
+
+
 def in_range(expr: sympy.Expr, low: sympy.Expr, high: sympy.Expr) -> Node:
     """Bool node: low <= expr < high (constant bounds fold away)."""
     value = index_value(expr)
@@ -38,10 +46,7 @@ def in_range(expr: sympy.Expr, low: sympy.Expr, high: sympy.Expr) -> Node:
     if not (isinstance(low, sympy.Integer) and int(low) <= 0 and expr.is_nonnegative):
         checks.append(op("ge", value, index_value(low)))
     checks.append(op("lt", value, index_value(high)))
-    result = checks[0]
-    for check in checks[1:]:
-        result = op("logical_and", result, check)
-    return result
+    return all_of(checks)
 
 
 def guard(body: Node, mask: Node, only: Callable[[Load], bool] | None = None) -> Node:

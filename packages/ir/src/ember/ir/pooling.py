@@ -27,7 +27,7 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv
 
-from ember.ir.assemble import guard, in_range
+from ember.ir.assemble import all_of, guard, in_range
 from ember.ir.expr import IndexExpr, Load, Node, Where, replace_index
 from ember.ir.loops import Reduction
 from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
@@ -52,13 +52,6 @@ def _spatial(value: Any, dims: int, default: Sequence[int] | None = None) -> lis
 
 def _pair(value: Any, default: Sequence[int] | None = None) -> list[int]:
     return _spatial(value, 2, default)
-
-
-def _and_all(checks: Sequence[Node]) -> Node:
-    mask = checks[0]
-    for check in checks[1:]:
-        mask = op("logical_and", mask, check)
-    return mask
 
 
 def _flat(coords: Sequence[sympy.Expr], sizes: Sequence[sympy.Expr]) -> sympy.Expr:
@@ -101,7 +94,7 @@ def _window(
         checks.append(op("lt", IndexExpr(coord), IndexExpr(size)))
     for rd, limit in zip(r, limits(i), strict=True):
         checks.append(op("lt", IndexExpr(rd), IndexExpr(limit)))
-    mask = _and_all(checks)
+    mask = all_of(checks)
     inner = cast(x.loader([*i[:-dims], *coords]), dtype)
     body = Where(mask, guard(inner, mask), const(fill, dtype))
     ranges = tuple(out_size)
@@ -153,7 +146,7 @@ def _taps(
     found: list[Tap] = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
         coords = [s + o * dl for s, o, dl in zip(first, offsets, dilation, strict=True)]
-        mask = _and_all([in_range(co, zero, n) for co, n in zip(coords, sizes, strict=True)])
+        mask = all_of([in_range(co, zero, n) for co, n in zip(coords, sizes, strict=True)])
         found.append((mask, _guard_window(x, i, coords, mask), _flat(coords, sizes)))
     return found
 
@@ -316,11 +309,22 @@ def _avg_pool(lowering: GraphLowering, node: torch.fx.Node, dims: int) -> LazyTe
     )
 
 
-def _adaptive_bounds(sizes: Sequence[int], outs: Sequence[int]) -> tuple[Any, Any, list[int]]:
-    """Adaptive pooling's windows along the last len(sizes) dimensions: output o of n
-    inputs over m outputs covers [floor(o*n/m), ceil((o+1)*n/m)). Returns the starts
-    and ends (functions of the output index) and the largest window per dimension."""
-    dims = len(sizes)
+def _adaptive(
+    lowering: GraphLowering, node: torch.fx.Node, kind: str, dims: int
+) -> tuple[LazyTensor, LazyTensor, Any]:
+    """Adaptive pooling by `kind` ('sum' or 'max') over the last `dims` dimensions:
+    (the windows' values, their maxima's flat input positions (for 'max'; the values
+    again for 'sum'), `limits(index)`: each window's extent per dimension)."""
+    x = lowering.tensor(node.args[0])
+    sizes = _ints(x.size[-dims:])
+    out_size = (
+        tuple(sympy.Integer(int(s)) for s in lowering.out_val(node).shape)
+        if kind == "sum"
+        else tuple(sympy.Integer(int(s)) for s in node.meta["val"][0].shape)
+    )
+    outs = [int(o) for o in out_size[-dims:]]
+    # output o of n inputs over m outputs covers [floor(o*n/m), ceil((o+1)*n/m));
+    # `kernel`: the largest window per dimension
     kernel = [
         max(-(-(o + 1) * n // m) - (o * n // m) for o in range(m)) if m else 1
         for n, m in zip(sizes, outs, strict=True)
@@ -334,22 +338,6 @@ def _adaptive_bounds(sizes: Sequence[int], outs: Sequence[int]) -> tuple[Any, An
             FloorDiv((o + 1) * n + m - 1, m) for o, n, m in zip(i[-dims:], sizes, outs, strict=True)
         )
 
-    return starts, ends, kernel
-
-
-def _adaptive(
-    lowering: GraphLowering, node: torch.fx.Node, kind: str, dims: int
-) -> tuple[LazyTensor, LazyTensor]:
-    x = lowering.tensor(node.args[0])
-    sizes = _ints(x.size[-dims:])
-    out_size = (
-        tuple(sympy.Integer(int(s)) for s in lowering.out_val(node).shape)
-        if kind == "sum"
-        else tuple(sympy.Integer(int(s)) for s in node.meta["val"][0].shape)
-    )
-    outs = [int(o) for o in out_size[-dims:]]
-    starts, ends, kernel = _adaptive_bounds(sizes, outs)
-
     def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
         return tuple(e - s for s, e in zip(starts(i), ends(i), strict=True))
 
@@ -358,7 +346,7 @@ def _adaptive(
     ones = [1] * dims
     first = _window(lowering, x, out_size, starts, kernel, ones, limits, kind, fill, dtype)
     if kind == "sum":
-        return first, first
+        return first, first, limits
     arg = _window(lowering, x, out_size, starts, kernel, ones, limits, "argmax", fill, dtype)
 
     def index(i: Index) -> Node:
@@ -373,7 +361,7 @@ def _adaptive(
             flat = op("add", op("mul", flat, c(size, flat)), coord)
         return flat
 
-    return first, LazyTensor(x.device, torch.int64, out_size, index)
+    return first, LazyTensor(x.device, torch.int64, out_size, index), limits
 
 
 @register_lowering(aten._adaptive_avg_pool2d.default)
@@ -387,20 +375,14 @@ def lower_adaptive_avg_pool3d(lowering: GraphLowering, node: torch.fx.Node) -> L
 
 
 def _adaptive_avg_pool(lowering: GraphLowering, node: torch.fx.Node, dims: int) -> LazyTensor:
-    total, _ = _adaptive(lowering, node, "sum", dims)
-    x = lowering.tensor(node.args[0])
-    sizes = _ints(x.size[-dims:])
-    starts, ends, _ = _adaptive_bounds(sizes, [int(s) for s in total.size[-dims:]])
+    total, _, limits = _adaptive(lowering, node, "sum", dims)
 
     def count(i: Index) -> Node:
-        extent: sympy.Expr = sympy.Integer(1)
-        for s, e in zip(starts(i), ends(i), strict=True):
-            extent = extent * (e - s)
-        return cast(IndexExpr(extent), total.dtype)
+        return cast(IndexExpr(sympy.Mul(*limits(i))), total.dtype)
 
     val = lowering.out_val(node)
     return LazyTensor(
-        x.device,
+        total.device,
         val.dtype,
         total.size,
         lambda i: cast(op("truediv", total.loader(i), count(i)), val.dtype),
@@ -411,7 +393,8 @@ def _adaptive_avg_pool(lowering: GraphLowering, node: torch.fx.Node, dims: int) 
 def lower_adaptive_max_pool2d(
     lowering: GraphLowering, node: torch.fx.Node
 ) -> tuple[LazyTensor, LazyTensor]:
-    return _adaptive(lowering, node, "max", 2)
+    values, indices, _ = _adaptive(lowering, node, "max", 2)
+    return values, indices
 
 
 @register_lowering(aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec)
