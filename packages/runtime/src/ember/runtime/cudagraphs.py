@@ -70,6 +70,7 @@ call. What makes that legal and how ember does it:
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 import weakref
@@ -173,8 +174,6 @@ def launches_nothing(gm: torch.fx.GraphModule) -> bool:
     written) or picks a tuple item: such a graph launches no device work, so a
     recording of it would be empty (torch warns about each one) and a replay saves
     nothing over the plain call."""
-    import operator
-
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
