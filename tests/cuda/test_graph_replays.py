@@ -7,6 +7,8 @@ the same loop without graphs ends."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,26 @@ def test_inference_replays_with_eager_values_and_held_results_keep_theirs() -> N
     for got, want in zip(held, expected, strict=True):  # none overwritten by a later replay
         torch.testing.assert_close(got, want)
     assert len({t.data_ptr() for t in held}) == len(held)
+
+
+def test_a_first_recording_in_a_fresh_process_warns_nothing() -> None:
+    """The pool's keeper graph records a kernel: torch warns about empty recordings,
+    and a user reads that warning as a fault of their own model."""
+    script = (
+        "import torch, ember.runtime\n"
+        "m = torch.nn.Linear(8, 8).cuda().eval()\n"
+        "c = torch.compile(m, backend='ember', mode='reduce-overhead')\n"
+        "x = torch.randn(4, 8, device='cuda')\n"
+        "with torch.no_grad():\n"
+        "    for _ in range(3):\n"
+        "        torch.testing.assert_close(c(x), m(x))\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+    assert "CUDA Graph is empty" not in done.stderr
 
 
 def test_inference_results_dropped_before_the_next_call_are_not_copied() -> None:

@@ -118,8 +118,10 @@ def memory_pool(device: int) -> Any:
 
     Torch frees a pool when the last graph recorded into it is destroyed, and a
     handle recorded into after that trips an internal assertion of its allocator
-    (seen on torch 2.11 once a test's graphs were dropped). So each pool gets an
-    empty graph of its own, recorded once and kept for the process."""
+    (seen on torch 2.11 once a test's graphs were dropped). So each pool gets a
+    graph of its own, recorded once and kept for the process. It writes one
+    zero: torch warns about every empty recording, and a user would read that
+    warning as a fault of their model's graphs."""
     with _pools_lock:
         entry = _pools.get(device)
         if entry is None:
@@ -129,7 +131,7 @@ def memory_pool(device: int) -> Any:
                 torch.cuda.device(device),
                 torch.cuda.graph(keeper, pool=pool, capture_error_mode="thread_local"),
             ):
-                pass
+                torch.zeros((), device=torch.device("cuda", device))
             entry = _pools[device] = (pool, keeper)
         return entry[0]
 
