@@ -249,3 +249,26 @@ def test_the_cpu_target_is_found_once_while_tracing(monkeypatch: pytest.MonkeyPa
     assert compile_cache._cpu_target() == "g++ 99\0znver9"
     assert compile_cache._cpu_target() == "g++ 99\0znver9"
     assert calls == ["ember-cpu-target"]
+
+
+def test_a_graph_compiled_before_is_remembered_per_graph_inputs_and_settings(
+    tmp_path: Path,
+) -> None:
+    """The hint that lets a warm process skip starting the compile workers: found for
+    the same Dynamo graph and inputs, not for other sizes, other settings or another
+    graph; nothing is read or written with the cache off."""
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) * 2)
+    other = torch.fx.symbolic_trace(lambda x: torch.relu(x) * 3)
+    x = torch.randn(4, 8)
+    with config.scope(cache_dir=tmp_path, compile_cache=True):
+        assert not compile_cache.seen_before(gm, [x])
+        compile_cache.remember(gm, [x])
+        assert compile_cache.seen_before(gm, [x])
+        assert not compile_cache.seen_before(gm, [torch.randn(5, 8)])
+        assert not compile_cache.seen_before(other, [x])
+        with config.scope(layout="channels-last"):
+            assert not compile_cache.seen_before(gm, [x])
+    with config.scope(cache_dir=tmp_path / "off", compile_cache=False):
+        compile_cache.remember(gm, [x])
+        assert not compile_cache.seen_before(gm, [x])
+    assert not (tmp_path / "off").exists()

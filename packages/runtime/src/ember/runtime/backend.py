@@ -240,9 +240,13 @@ def _aot_call(
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
     device_type = "cuda" if on_cuda else "cpu"
+    dynamo_graph = gm
     if config.kernels == "auto" and on_cuda:
-        # the workers start (and warm up) while AOTAutograd traces
-        compile_pool.start(compile_pool.cuda_target(cuda[0]))
+        if not compile_cache.seen_before(gm, example_inputs):
+            # the workers start (and warm up) while AOTAutograd traces; a graph
+            # compiled before is likely all in the cache, and they start at the
+            # first compile, if one comes (ember.runtime.triton_kernels.Precompiler)
+            compile_pool.start(compile_pool.cuda_target(cuda[0]))
     elif config.kernels == "auto" and compile_cache.enabled():
         # the C++ compiler's identity and target, which a CPU graph's cache key holds,
         # are asked for while AOTAutograd traces
@@ -268,8 +272,12 @@ def _aot_call(
     with _backward_compile(eager_backward):
         if kwargs or any(isinstance(x, list | tuple | dict) for x in example_inputs):
             # nested inputs: torch's helper flattens them first
-            return aot_autograd(**options)(gm, example_inputs, **kwargs)
-        return _aot(gm, example_inputs, options)
+            compiled = aot_autograd(**options)(gm, example_inputs, **kwargs)
+        else:
+            compiled = _aot(gm, example_inputs, options)
+    if config.kernels == "auto" and on_cuda:
+        compile_cache.remember(dynamo_graph, example_inputs)
+    return compiled
 
 
 def _failing_at_first_call(compiler: Callable[..., Any]) -> Callable[..., Any]:

@@ -216,7 +216,7 @@ class Precompiler:
 
     def __init__(self) -> None:
         self._start = time.perf_counter()
-        self._session = compile_pool.CompileSession(threads=8)
+        self._session: compile_pool.CompileSession | None = None  # at the first job
         self._lock = threading.Lock()
         self._finished = False
         self._jobs = 0
@@ -242,13 +242,23 @@ class Precompiler:
                 continue  # compiled, or queued for an earlier kernel of the same source
             self._seen.add((launcher.digest, variant))
             self._jobs += 1
-            self._session.add(
+            self._open(target).add(
                 launcher.request(variant, target), functools.partial(launcher.store, variant)
             )
 
+    def _open(self, target: tuple[str, int, int]) -> compile_pool.CompileSession:
+        """The session, started at the first job. The workers are started here too,
+        where the backend left them for a graph it expected in the cache
+        (`compile_cache.seen_before`); starting them is done once per process."""
+        if self._session is None:
+            compile_pool.start(target)
+            self._session = compile_pool.CompileSession(threads=8)
+        return self._session
+
     def seal(self) -> None:
         """Every kernel is added; the compiles go on without a caller waiting."""
-        self._session.seal()
+        if self._session is not None:
+            self._session.seal()
 
     def finish(self, cancel: bool = False) -> None:
         """Wait for every compile (once: later calls, from any thread, return when
@@ -258,7 +268,8 @@ class Precompiler:
                 return
             self._finished = True
             waited = time.perf_counter()
-            self._session.close(cancel)
+            if self._session is not None:
+                self._session.close(cancel)
             for earlier in self._earlier:  # never the other way round: no cycle
                 earlier.finish()
             with _owners_lock:
@@ -269,8 +280,9 @@ class Precompiler:
             stats["waiting s"] += time.perf_counter() - waited
             stats["compile s"] += time.perf_counter() - self._start
         stats["jobs"] += self._jobs
-        stats["by workers"] += self._session.by_workers
-        stats["workers"] = max(stats["workers"], self._session.workers)
+        if self._session is not None:
+            stats["by workers"] += self._session.by_workers
+            stats["workers"] = max(stats["workers"], self._session.workers)
 
 
 # kernel source digest -> the unfinished Precompiler compiling it
