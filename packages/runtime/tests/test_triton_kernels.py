@@ -70,6 +70,26 @@ def _index_add(device: str) -> list[Any]:
     return [x.to(device), torch.tensor([1, 7, 1, 0]).to(device), v.to(device)]
 
 
+def _bags(device: str) -> list[Any]:
+    """A table with a NaN (its row comes first in bag 1, later in bag 3), 13 indices in
+    four bags (bag 2 empty) and a weight per index."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(10, 6, generator=g)
+    table[7, 2] = float("nan")
+    indices = torch.tensor([3, 0, 9, 7, 1, 3, 5, 2, 7, 3, 8, 0, 4])
+    offsets, weights = torch.tensor([0, 3, 7, 7]), torch.randn(13, generator=g)
+    return [t.to(device) for t in (table, indices, offsets, weights)]
+
+
+def _embedding_bags(t: torch.Tensor, i: torch.Tensor, o: torch.Tensor, w: torch.Tensor) -> Any:
+    bag = torch.nn.functional.embedding_bag
+    return (
+        bag(i, t, o, mode="sum", per_sample_weights=w),
+        bag(i, t, o, mode="mean", padding_idx=3),
+        bag(i, t, o, mode="max", padding_idx=5),
+    )
+
+
 def _views(device: str) -> list[Any]:
     """Rows 1-3 and 3-5 of one base, at storage offsets 18 and 54. (Contiguous rows:
     the cases are traced without Dynamo, whose guards would also hold a view's row
@@ -225,6 +245,9 @@ CASES: dict[str, Case] = {
     ),
     "embedding": (lambda t, i: torch.nn.functional.embedding(i, t) * 2, _embedding, {}),
     "gather": (lambda t, i: t[i] + 1, _gather, {}),
+    # embedding_bag: offsets counted into each position's bag (a scatter, then a scan),
+    # rows scattered into their bags (add for sum and mean, max then min of positions)
+    "embedding_bag": (_embedding_bags, _bags, {}),
     "index_add": (lambda x, i, v: x.index_add(0, i, v), _index_add, {}),
     "random": (
         lambda x: torch.ops.aten.native_dropout(x, 0.5, True)[0] + torch.rand_like(x),

@@ -9,6 +9,7 @@ interpreter. Sits on ember.graphpasses; the scheduler consumes its Programs.
 from ember.ir import (  # noqa: F401
     arith,
     assemble,
+    bags,
     distances,
     factories,
     indexing,
