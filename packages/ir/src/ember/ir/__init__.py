@@ -18,6 +18,7 @@ from ember.ir import (  # noqa: F401
     pooling,
     random,
     reduction,
+    sampling,
     scan,
     scatters,
     sort,
