@@ -6,7 +6,9 @@ and positions naming `padding_idx` count for nothing.
 Where a bag starts is data, so a bag's length is unknown when compiling: the only
 static bound is the number of positions N, and a reduction per bag over N positions
 would do B x N x D work. This lowering is linear instead. It walks the positions once
-per pass and scatters each one into its bag, as eager's CPU kernel does:
+per pass and scatters each one into its bag, as eager's CPU kernel does (2-d indices,
+bags of one fixed length that a plain reduction could take, go this way too; on a
+GPU the sums are atomic adds, in no fixed order):
 
 1. `offset2bag`, each position's bag: per position, the number of bags starting
    there (N + 1 slots, as empty bags at the end start at N; slot 0 starts from -1),
@@ -26,14 +28,16 @@ per pass and scatters each one into its bag, as eager's CPU kernel does:
 
 Each scatter is a kernel of its own, so each checks what it addresses: the indices
 against the weight's rows, the offsets against [0, N], each position's bag against
-[0, B). As in eager, `include_last_offset` does not end the last bag at the last
-offset (which is checked all the same): the last bag runs to N.
+[0, B). With `include_last_offset` the last offset should be N; where it is less,
+eager's general kernel (and this lowering) runs the last bag to N all the same, while
+its fast path for a plain float sum or mean stops at the offset. The offset is
+checked either way.
 
 The outputs have the sizes the meta function gives (they depend on the device and the
 mode: no `offset2bag` for the CPU's plain float sum, a `bag_size` per offset for
 `_embedding_bag_forward_only`), with 0 past the bags. Their values are eager's CPU
-ones: `bag_size` is 0 for a sum (the backward reads it for a mean only) and outside
-max mode `max_indices` repeats `bag_size`.
+ones, which a backward ATen call reads: `bag_size` is 0 for a sum, and outside max
+mode `max_indices` repeats `bag_size`.
 """
 
 from __future__ import annotations
