@@ -357,26 +357,24 @@ def test_symbolic_sizes_are_never_specialised() -> None:
         torch.testing.assert_close(out, fn(a, b))
 
 
-def _volume_and_grid() -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(1, 2, 3, 4, 4, generator=g), torch.rand(1, 2, 2, 2, 3, generator=g) * 2 - 1
+def _antialiased(x: torch.Tensor) -> torch.Tensor:
+    return F.interpolate(x, size=(3, 4), mode="bilinear", antialias=True)
 
 
 def test_fallbacks_off_names_op_and_node() -> None:
-    # 3-d grid sampling has no lowering (the 2-d one is torch's decomposition)
+    # antialiased bilinear resampling has no lowering
     with pytest.raises(
-        LoweringError, match=r"node 'grid_sampler_3d' \(aten.grid_sampler_3d.default\)"
+        LoweringError,
+        match=r"node '_upsample_bilinear2d_aa' \(aten._upsample_bilinear2d_aa.default\)",
     ):
-        lower(lambda x, g: F.grid_sample(x, g, align_corners=False), *_volume_and_grid())
+        lower(_antialiased, torch.randn(1, 2, 5, 6))
 
 
 def test_fallback_extern_consumes_realized_lazy_values() -> None:
-    x, grid = _volume_and_grid()
-    program = check(
-        lambda x, g: F.grid_sample(x * 2, g, align_corners=False) + 1, x, grid, allow_fallback=True
-    )
+    x = torch.randn(1, 2, 5, 6)
+    program = check(lambda x: _antialiased(x * 2) + 1, x, allow_fallback=True)
     (extern,) = program.extern_kernels()
-    assert extern.fallback and extern.op is torch.ops.aten.grid_sampler_3d.default
+    assert extern.fallback and extern.op is torch.ops.aten._upsample_bilinear2d_aa.default
 
 
 def test_verifier_rejects_out_of_bounds_and_bad_dtypes() -> None:

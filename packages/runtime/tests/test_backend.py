@@ -242,13 +242,14 @@ def test_ops_with_effect_tokens_compile_and_still_check_errors() -> None:
 
 def test_fallback_disabled_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
     with config.scope(fallback=False, strict=True), pytest.raises(Exception) as info:
-        # 3-d grid sampling has no lowering (the 2-d one is torch's decomposition)
-        sample = torch.nn.functional.grid_sample
-        volume, grid = torch.randn(1, 1, 3, 4, 4), torch.rand(1, 2, 2, 2, 3) * 2 - 1
-        torch.compile(lambda x, g: sample(x, g, align_corners=False) * 3, backend="ember")(
-            volume, grid
-        )
-    assert "aten.grid_sampler_3d" in str(info.value) and "EMBER_FALLBACK" in str(info.value)
+        # antialiased bilinear resampling has no lowering
+        resize = torch.nn.functional.interpolate
+        torch.compile(
+            lambda x: resize(x, size=(3, 4), mode="bilinear", antialias=True) * 3,
+            backend="ember",
+        )(torch.randn(1, 2, 5, 6))
+    message = str(info.value)
+    assert "aten._upsample_bilinear2d_aa" in message and "EMBER_FALLBACK" in message
 
 
 def test_debug_dir_holds_every_stage(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Compiled C++ kernels of index_reduce, scatter_reduce's mean, put, masked_scatter,
-as_strided_scatter, frexp, bilinear and max_pool2d's backward against the IR
-interpreter and eager: duplicate indices, bfloat16, empty inputs, and eager's error
-for an index out of range. One compile for all the cases."""
+as_strided_scatter, frexp, bilinear, max_pool2d's backward, embedding_bag and
+grid_sampler_3d against the IR interpreter and eager: duplicate indices, bfloat16,
+empty inputs, and eager's error for an index out of range. One compile for all the
+cases."""
 
 from __future__ import annotations
 
@@ -20,6 +21,38 @@ SRC = torch.randn(60, 7, generator=G)
 DUPS = torch.randint(0, 40, (60,), generator=G)  # ~20 rows of 40 hit more than once
 MASK = torch.rand(40, 7, generator=G) > 0.4
 POOLED = F.max_pool2d(torch.randn(2, 3, 9, 9, generator=G), 3, 2, 1, return_indices=True)
+
+
+BAG_TABLE = torch.randn(30, 7, generator=G)
+BAG_TABLE[4, 2] = float("nan")
+BAG_IDS = torch.randint(0, 30, (90,), generator=G)
+BAG_OFFSETS = torch.tensor([0, 11, 11, 40, 41, 90])  # an empty bag inside and at the end
+PAD = int(BAG_IDS[3])
+
+
+def _bags(t: torch.Tensor, i: torch.Tensor, o: torch.Tensor, w: torch.Tensor) -> Any:
+    """Every mode; the last offset closing the last bag; a padding row."""
+    bag = F.embedding_bag
+    return (
+        bag(i, t, o, mode="sum", per_sample_weights=w),
+        bag(i, t, o[:-1], mode="mean", padding_idx=PAD),
+        bag(i, t, o, mode="max", include_last_offset=True),
+        bag(i, t, o, mode="max", padding_idx=4),
+    )
+
+
+VOLUME = torch.randn(2, 3, 4, 5, 6, generator=G)
+GRID = torch.randn(2, 3, 2, 4, 3, generator=G) * 1.5  # past the faces too
+GRID.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+
+
+def _grid_samples(x: torch.Tensor, g: torch.Tensor) -> Any:
+    """Every interpolation and padding mode (a NaN or infinite point samples nothing,
+    or the border)."""
+    return tuple(
+        torch.grid_sampler_3d(x, g, mode, padding, align)
+        for mode, padding, align in ((0, 0, False), (0, 1, True), (0, 2, False), (1, 2, True))
+    )
 
 
 def _pool_backward(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
@@ -81,6 +114,12 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
         (X[:9, :5].contiguous(), SRC[:9, :6].contiguous(), torch.randn(4, 5, 6, generator=G)),
         False,
     ),
+    "embedding_bag": (_bags, (BAG_TABLE, BAG_IDS, BAG_OFFSETS, torch.randn(90, generator=G)),
+                      False),
+    "embedding_bag_bf16": (_bags, (BAG_TABLE.bfloat16(), BAG_IDS, BAG_OFFSETS,
+                                   torch.randn(90, generator=G).bfloat16()), False),
+    "grid_sampler_3d": (_grid_samples, (VOLUME, GRID), False),
+    "grid_sampler_3d_bf16": (_grid_samples, (VOLUME.bfloat16(), GRID.bfloat16()), False),
     "pool_backward": (_pool_backward, (torch.randn_like(POOLED[0]), torch.randn(2, 3, 9, 9),
                                        POOLED[1]), False),
 }  # fmt: skip

@@ -76,6 +76,20 @@ CASES: list[Case] = [
         IndexError,
     ),
     (
+        "embedding_bag",
+        lambda i, o, w: F.embedding_bag(i, w, o, mode="max") * 2,
+        (T([1, 9, 0]), T([0, 2]), W),
+        (T([1, 10, 0]), T([0, 2]), W),
+        RuntimeError,
+    ),
+    (
+        "embedding_bag_offsets",
+        lambda i, o, w: F.embedding_bag(i, w, o, mode="sum") * 2,
+        (T([1, 9, 0]), T([0, 3]), W),
+        (T([1, 9, 0]), T([1, 3]), W),
+        RuntimeError,
+    ),
+    (
         "scatter",
         lambda x, i: x.scatter(0, i, T([5.0])) + 1,
         (X, T([9])),

@@ -37,6 +37,16 @@ M = torch.randn(3, 70, generator=torch.Generator().manual_seed(0))
 INDEX_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], tuple[Any, ...]]] = {
     "embedding": (lambda i, w: F.embedding(i, w) * 2, (T([1, 9, 0]), W), (T([1, 10, 0]), W)),
     "embedding_negative": (lambda i, w: F.embedding(i, w) * 2, (T([3]), W), (T([-1]), W)),
+    "embedding_bag": (
+        lambda i, o, w: F.embedding_bag(i, w, o, mode="sum") * 2,
+        (T([1, 9, 0]), T([0, 2]), W),
+        (T([1, 10, 0]), T([0, 2]), W),
+    ),
+    "embedding_bag_offsets": (
+        lambda i, o, w: F.embedding_bag(i, w, o, mode="max") * 2,
+        (T([1, 9, 0]), T([0, 2]), W),
+        (T([1, 9, 0]), T([1, 2]), W),
+    ),
     "gather_last_dim": (
         lambda x, i: torch.gather(x, 1, i) + 1,
         (M, T([[0, 69], [5, 6], [68, 1]])),

@@ -70,6 +70,44 @@ def _index_add(device: str) -> list[Any]:
     return [x.to(device), torch.tensor([1, 7, 1, 0]).to(device), v.to(device)]
 
 
+def _bags(device: str) -> list[Any]:
+    """A table with a NaN (its row comes first in bag 1, later in bag 3), 13 indices in
+    four bags (bag 2 empty) and a weight per index."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(10, 6, generator=g)
+    table[7, 2] = float("nan")
+    indices = torch.tensor([3, 0, 9, 7, 1, 3, 5, 2, 7, 3, 8, 0, 4])
+    offsets, weights = torch.tensor([0, 3, 7, 7]), torch.randn(13, generator=g)
+    return [t.to(device) for t in (table, indices, offsets, weights)]
+
+
+def _embedding_bags(t: torch.Tensor, i: torch.Tensor, o: torch.Tensor, w: torch.Tensor) -> Any:
+    bag = torch.nn.functional.embedding_bag
+    return (
+        bag(i, t, o, mode="sum", per_sample_weights=w),
+        bag(i, t, o, mode="mean", padding_idx=3),
+        bag(i, t, o, mode="max", padding_idx=5),
+    )
+
+
+def _volume_grid(device: str) -> list[Any]:
+    """A volume and a grid reaching past its faces, with a NaN and an infinity."""
+    g = torch.Generator().manual_seed(0)
+    volume, grid = torch.randn(2, 3, 4, 5, 6, generator=g), torch.randn(2, 3, 2, 4, 3, generator=g)
+    grid = grid * 1.5
+    grid[0, 0, 0, 0] = torch.tensor([float("nan"), 0.5, float("inf")])
+    return [volume.to(device), grid.to(device)]
+
+
+def _grid_samples(x: torch.Tensor, g: torch.Tensor) -> Any:
+    sample = torch.nn.functional.grid_sample
+    return (
+        sample(x, g, align_corners=False),
+        sample(x, g, mode="nearest", padding_mode="border", align_corners=True),
+        sample(x, g, padding_mode="reflection", align_corners=False),
+    )
+
+
 def _views(device: str) -> list[Any]:
     """Rows 1-3 and 3-5 of one base, at storage offsets 18 and 54. (Contiguous rows:
     the cases are traced without Dynamo, whose guards would also hold a view's row
@@ -188,6 +226,9 @@ CASES: dict[str, Case] = {
     # pdist: each output's row pair recovered from its index, then a reduction over
     # the columns through indirect loads of both rows
     "pdist": (lambda x: (torch.pdist(x), torch.pdist(x, 1.0)), _args((23, 5)), {}),
+    # 3-d grid sampling: eight masked indirect loads per point (one for nearest), with
+    # border and reflection padding
+    "grid_sampler_3d": (_grid_samples, _volume_grid, {"atol": 1e-5}),
     "masked_softmax_prologue": (_safe_softmax, _masked_scores, {"atol": 1e-6}),
     "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
     "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),
@@ -234,6 +275,9 @@ CASES: dict[str, Case] = {
     ),
     "embedding": (lambda t, i: torch.nn.functional.embedding(i, t) * 2, _embedding, {}),
     "gather": (lambda t, i: t[i] + 1, _gather, {}),
+    # embedding_bag: offsets counted into each position's bag (a scatter, then a scan),
+    # rows scattered into their bags (add for sum and mean, max then min of positions)
+    "embedding_bag": (_embedding_bags, _bags, {}),
     "index_add": (lambda x, i, v: x.index_add(0, i, v), _index_add, {}),
     "random": (
         lambda x: torch.ops.aten.native_dropout(x, 0.5, True)[0] + torch.rand_like(x),

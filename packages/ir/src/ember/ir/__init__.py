@@ -9,6 +9,7 @@ interpreter. Sits on ember.graphpasses; the scheduler consumes its Programs.
 from ember.ir import (  # noqa: F401
     arith,
     assemble,
+    bags,
     distances,
     factories,
     indexing,
@@ -17,6 +18,7 @@ from ember.ir import (  # noqa: F401
     pooling,
     random,
     reduction,
+    sampling,
     scan,
     scatters,
     sort,
