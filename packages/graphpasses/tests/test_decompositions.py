@@ -12,6 +12,7 @@ from torch._functorch.aot_autograd import aot_function
 
 from ember.graphpasses import (
     EMBER_ADDITIONS,
+    KEEP_WHOLE,
     REMAINING_OPS,
     aot_decompositions,
     default_pipeline,
@@ -66,6 +67,39 @@ def test_ember_additions_are_decomposed() -> None:
     assert aten.native_batch_norm_backward.default not in table  # lowered whole
 
 
+MAX_POOLS = (
+    aten.max_pool2d_with_indices,
+    aten.max_pool3d_with_indices,
+    aten.adaptive_max_pool2d,
+    aten.adaptive_max_pool3d,
+    aten.max_pool2d_with_indices_backward,
+    aten.max_pool3d_with_indices_backward,
+    aten.adaptive_max_pool2d_backward,
+    aten.adaptive_max_pool3d_backward,
+)
+
+
+def test_max_pools_reach_the_ir_whole_on_any_torch() -> None:
+    """The IR lowers max pooling and its backward, so neither table decomposes them,
+    whichever torch decompositions exist (torch 2.15 has some, 2.11 none)."""
+    tables = (ember_decompositions(), aot_decompositions())
+    for packet in MAX_POOLS:
+        assert packet in KEEP_WHOLE and packet not in EMBER_ADDITIONS
+        for table in tables:
+            assert not [op for op in table if getattr(op, "overloadpacket", None) is packet]
+
+    def pools(x: torch.Tensor) -> Any:
+        a = F.max_pool3d(x, 2, 1, 1)
+        b = F.adaptive_max_pool3d(x, (2, 3, 2))
+        c = F.max_pool2d(x.flatten(1, 2), 3, 2, 1)
+        return a.sum() + b.sum() + c.sum()
+
+    x = torch.randn(2, 3, 4, 6, 5)
+    ops = {op for code in _traced(pools, [x], aot_decompositions(), True) for op in MAX_POOLS
+           if f"aten.{op.__name__}.default" in code}  # fmt: skip
+    assert ops == set(MAX_POOLS) - {aten.adaptive_max_pool2d, aten.adaptive_max_pool2d_backward}
+
+
 def test_fresh_copy_each_call() -> None:
     first = ember_decompositions()
     first.clear()
@@ -102,8 +136,9 @@ def test_model_graphs_only_use_remaining_ops() -> None:
         seen |= _ops(export_aten(model.eval(), x).graph_module)
     assert sorted(seen - REMAINING_OPS) == []
     assert "aten._native_batch_norm_legit_functional.default" not in seen
-    # the training backward's batch norm reaches the IR whole (KEEP_WHOLE)
+    # the training backward's batch norm and max pool reach the IR whole (KEEP_WHOLE)
     assert "aten.native_batch_norm_backward.default" in seen
+    assert "aten.max_pool2d_with_indices_backward.default" in seen
     assert "aten.native_layer_norm.default" not in seen
 
 

@@ -1,7 +1,8 @@
 """Lowerings of index_reduce, scatter_reduce's mean, put, masked_scatter,
-as_strided_scatter, frexp, _trilinear (bilinear) and max_pool2d's backward, run by
-the reference interpreter against eager: duplicate indices, include_self on and off,
-0-d and empty inputs, bfloat16, and eager's errors for bad indices."""
+as_strided_scatter, frexp and _trilinear (bilinear), run by the reference interpreter
+against eager: duplicate indices, include_self on and off, 0-d and empty inputs,
+bfloat16, and eager's errors for bad indices. (Max pooling's backward, once a
+scatter-add here, is a gather: test_max_pooling.py.)"""
 
 from __future__ import annotations
 
@@ -143,16 +144,3 @@ def test_bilinear_is_one_reduction_and_matches_eager() -> None:
     check(lambda a, b, w: F.bilinear(a, b, w), a[:0], b[:0], w)
     check(lambda a, b, w: F.bilinear(a, b, w), a.bfloat16(), b.bfloat16(), w.bfloat16(),
           rtol=2e-2, atol=2e-2)  # fmt: skip
-
-
-def test_max_pool2d_backward_is_a_scatter_add() -> None:
-    x = torch.randn(2, 3, 6, 6, generator=G)
-    out, indices = F.max_pool2d(x, 3, 2, 1, return_indices=True)
-    grad = torch.randn_like(out)
-
-    def fn(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-        return aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, i)
-
-    program = check(fn, grad, x, indices)
-    assert any(isinstance(n.loop, Scatter) and n.loop.reduce == "sum" for n in computed(program))
-    check(fn, grad.bfloat16(), x.bfloat16(), indices, rtol=1e-2, atol=1e-2)

@@ -159,6 +159,54 @@ def _pool_input(device: str) -> list[Any]:
     return [x.to(device)]
 
 
+def _volume_input(device: str) -> list[Any]:
+    x = torch.randn(2, 2, 5, 7, 6, generator=torch.Generator().manual_seed(0))
+    x[0, 0, :2, :3, :3] = float("-inf")  # windows of -inf, first taps in the padding
+    x[0, 1, 1, 2, 2] = x[0, 1, 2, 3, 3] = float("nan")  # the last NaN wins
+    x[1, 1] = x[1, 1].round()  # ties: the first maximum wins
+    return [x.to(device)]
+
+
+def _max_pools_3d(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    F = torch.nn.functional
+    return (
+        *F.max_pool3d(x, 2, 2, 1, return_indices=True),
+        *F.max_pool3d(x, 3, 1, 1, return_indices=True),
+        *F.adaptive_max_pool3d(x, (2, 3, 4), return_indices=True),
+    )
+
+
+def _pool_gradients(device: str) -> list[Any]:
+    """Output gradients and the indices of eager's forward: a 3x3 stride-2 2-d pool
+    (four candidates per input, unrolled), a 3x3x3 stride-1 one (a reduction over 27),
+    and an adaptive 3-d pool; inputs with ties, so windows share a maximum."""
+    g = torch.Generator().manual_seed(0)
+    F = torch.nn.functional
+    x2 = torch.randn(2, 3, 9, 8, generator=g).round()
+    x3 = torch.randn(2, 2, 5, 7, 6, generator=g).round()
+    args: list[Any] = []
+    for x, pooled in (
+        (x2, F.max_pool2d(x2, 3, 2, 1, return_indices=True)),
+        (x3, F.max_pool3d(x3, 3, 1, 1, return_indices=True)),
+        (x3, F.adaptive_max_pool3d(x3, (2, 3, 4), return_indices=True)),
+    ):
+        out, indices = pooled
+        args += [torch.randn(out.shape, generator=g), x, indices]
+    return [a.to(device) for a in args]
+
+
+def _max_pool_backwards(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    aten = torch.ops.aten
+    g2, x2, i2, g3, x3, i3, ga, xa, ia = args
+    return (
+        aten.max_pool2d_with_indices_backward(g2, x2, [3, 3], [2, 2], [1, 1], [1, 1], False, i2),
+        aten.max_pool3d_with_indices_backward(
+            g3, x3, [3] * 3, [1] * 3, [1] * 3, [1] * 3, False, i3
+        ),
+        aten.adaptive_max_pool3d_backward(ga, xa, ia),
+    )
+
+
 def _masked_scores(device: str) -> list[Any]:
     g = torch.Generator().manual_seed(0)
     scores, mask = torch.randn(2, 3, 8, 8, generator=g), torch.randn(2, 1, 1, 8, generator=g)
@@ -223,6 +271,12 @@ CASES: dict[str, Case] = {
         _args((2, 3, 5, 7, 6)),
         {},
     ),
+    # 3-d max pools with eager's indices (ember.ir.pooling): a 2x2x2 window unrolled,
+    # a 3x3x3 one as max, argmax and last-NaN reductions, adaptive windows
+    "max_pool3d": (_max_pools_3d, _volume_input, {"atol": 0, "rtol": 0}),
+    # max pooling's backward as a gather (ember.ir.pool_gradients): unrolled
+    # candidates, a reduction over 27 of them, adaptive windows
+    "max_pool_backward": (_max_pool_backwards, _pool_gradients, {"atol": 1e-6}),
     # pdist: each output's row pair recovered from its index, then a reduction over
     # the columns through indirect loads of both rows
     "pdist": (lambda x: (torch.pdist(x), torch.pdist(x, 1.0)), _args((23, 5)), {}),

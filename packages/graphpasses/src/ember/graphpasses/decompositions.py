@@ -22,11 +22,12 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
-# Ops torch would decompose that ember keeps as one op, and why. The core set already
-# keeps what ember calls as ATen externs on purpose (mm, addmm, bmm, convolution), and
-# most of what it decomposes is cheaper for ember as pointwise and reduction ops the
-# scheduler can fuse; attention is the exception, and batch norm's backward, which the
-# IR lowers to those same reductions and pointwise ops itself.
+# Ops torch would (or, in some version, might) decompose that ember keeps as one op,
+# and why. The core set already keeps what ember calls as ATen externs on purpose (mm,
+# addmm, bmm, convolution), and most of what it decomposes is cheaper for ember as
+# pointwise and reduction ops the scheduler can fuse; attention is the exception, and
+# batch norm's backward and max pooling, which the IR lowers to those same reductions
+# and pointwise ops itself.
 KEEP_WHOLE: dict[torch._ops.OpOverloadPacket, str] = {
     aten._scaled_dot_product_flash_attention_for_cpu: (
         "attention stays one fused ATen kernel; and torch 2.15's decomposition of this op "
@@ -37,6 +38,23 @@ KEEP_WHOLE: dict[torch._ops.OpOverloadPacket, str] = {
         "the IR lowers it whole (ember.ir.norms: two per-channel sums, one pointwise "
         "pass); decomposed, AOTAutograd traced ~20 ops per batch norm, which took 4.2 s "
         "of resnet18's 13.9 s training trace (cProfile, warm compile on the 2-core CPU)"
+    ),
+    **dict.fromkeys(
+        (
+            aten.max_pool2d_with_indices,
+            aten.max_pool3d_with_indices,
+            aten.adaptive_max_pool2d,
+            aten.adaptive_max_pool3d,
+            aten.max_pool2d_with_indices_backward,
+            aten.max_pool3d_with_indices_backward,
+            aten.adaptive_max_pool2d_backward,
+            aten.adaptive_max_pool3d_backward,
+        ),
+        "the IR lowers max pooling and its backward whole (ember.ir.pooling, "
+        "ember.ir.pool_gradients), on every torch: torch 2.11 has no decomposition of "
+        "the 3d pools and the 2d backward, so they failed strict CUDA compiles while "
+        "torch 2.15's (a scatter-add for the backward) ran on the CPU; listed so that "
+        "no torch version's table decomposes them",
     ),
 }
 
@@ -57,15 +75,9 @@ EMBER_ADDITIONS: dict[torch._ops.OpOverloadPacket, str] = {
     # whose torch decompositions are ops it lowers (they fuse instead of an ATen call).
     aten.dist: "the norm of a difference: a reduction over a pointwise body",
     aten.grid_sampler_2d: "bilinear/nearest sampling as indirect loads and pointwise math",
-    aten.max_pool3d_with_indices: "windowed max and argmax, as the 2d pooling",
-    aten.adaptive_max_pool3d: "windowed max and argmax, as the 2d pooling",
     aten.linalg_vector_norm: (
         "torch 2.11's core set leaves it whole (2.15 decomposes it): a reduction over a "
         "pointwise body; found by the CUDA sweep (normalize, norm, cosine_similarity)"
-    ),
-    aten.max_pool2d_with_indices_backward: (
-        "the gradient goes back to the argmax positions: one scatter-add (float32 "
-        "accumulation for the half types), which the IR lowers"
     ),
 }
 

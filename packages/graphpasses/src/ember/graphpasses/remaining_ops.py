@@ -123,6 +123,8 @@ CORE_REMAINING: tuple[str, ...] = (
     "aten.masked_scatter.default",
     "aten.max.dim",
     "aten.max_pool2d_with_indices.default",
+    "aten.max_pool2d_with_indices_backward.default",
+    "aten.max_pool3d_with_indices.default",
     "aten.maximum.default",
     "aten.mean.default",
     "aten.mean.dim",
@@ -191,6 +193,11 @@ OTHER_REMAINING: tuple[str, ...] = (
     "aten._assert_scalar.default",
     "aten._assert_tensor_metadata.default",  # guards in front of custom ops
     "aten.copy_.default",  # AOTAutograd's input-mutation epilogue (kept in place)
+    "aten.adaptive_max_pool2d.default",  # KEEP_WHOLE: the IR lowers it
+    "aten.adaptive_max_pool2d_backward.default",  # KEEP_WHOLE: the IR lowers it
+    "aten.adaptive_max_pool3d.default",  # KEEP_WHOLE: the IR lowers it
+    "aten.adaptive_max_pool3d_backward.default",  # KEEP_WHOLE: the IR lowers it
+    "aten.max_pool3d_with_indices_backward.default",  # KEEP_WHOLE: the IR lowers it
     "aten.native_batch_norm_backward.default",  # KEEP_WHOLE: the IR lowers it
     "aten.sym_constrain_range.default",
     "aten.sym_constrain_range_for_size.default",

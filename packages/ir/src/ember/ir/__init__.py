@@ -15,6 +15,7 @@ from ember.ir import (  # noqa: F401
     indexing,
     norms,
     pointwise,
+    pool_gradients,
     pooling,
     random,
     reduction,

@@ -1,7 +1,8 @@
-"""Lowerings of pooling and resampling: max_pool2d (values and indices), avg_pool2d and
-avg_pool3d, adaptive avg pool 2d and 3d, adaptive max pool 2d, and bilinear upsampling.
+"""Lowerings of pooling and resampling: max_pool2d and max_pool3d (values and
+indices), avg_pool2d and avg_pool3d, adaptive avg and max pool 2d and 3d, and bilinear
+upsampling. Max pooling's backward is in ember.ir.pool_gradients.
 
-A small fixed window (max_pool2d and avg_pool2d of at most `UNROLL_WINDOW` elements,
+A small fixed window (a max or average pool's of at most `UNROLL_WINDOW` elements,
 such as ResNet's 3x3 stem pool) is unrolled into pointwise code: one masked load per
 tap, combined in order. As a reduction, a 3x3 window padded 9 lanes to 16, computed
 an argmax nobody read, and took 494 us for ResNet-50's stem pool on an H100, where the
@@ -10,7 +11,10 @@ adaptive ones, are a `Reduction` whose reduction ranges are the kernel's. Either
 the input coordinate is `out * stride - pad + r * dilation`, read through a masked
 load so that padding never touches memory (and reads -inf for max, 0 for sums).
 Adaptive windows vary in size; they reduce over the largest window with the excess
-masked off.
+masked off. Max pooling's indices are eager's (flat within each plane or volume): the
+first maximum, but the last NaN (eager's kernels take each element greater than the
+running maximum, or NaN), and for a window of -inf its first position inside the
+input; as a reduction, that takes an argmax and a last-NaN offset beside the max.
 Bilinear upsampling is pointwise: four indirect loads weighted by the fractional
 source coordinate, computed as eager computes it.
 """
@@ -42,7 +46,7 @@ aten = torch.ops.aten
 UNROLL_WINDOW = 16
 
 
-def _spatial(value: Any, dims: int, default: Sequence[int] | None = None) -> list[int]:
+def spatial_arg(value: Any, dims: int, default: Sequence[int] | None = None) -> list[int]:
     """A pooling argument as one int per spatial dimension (a single value repeats)."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items and default is not None:
@@ -50,11 +54,7 @@ def _spatial(value: Any, dims: int, default: Sequence[int] | None = None) -> lis
     return [int(v) for v in items] * (dims if len(items) == 1 else 1)
 
 
-def _pair(value: Any, default: Sequence[int] | None = None) -> list[int]:
-    return _spatial(value, 2, default)
-
-
-def _flat(coords: Sequence[sympy.Expr], sizes: Sequence[sympy.Expr]) -> sympy.Expr:
+def flat_position(coords: Sequence[sympy.Expr], sizes: Sequence[sympy.Expr]) -> sympy.Expr:
     """The position of `coords` in a row-major block of `sizes` (eager's pooling
     indices: flat over the spatial dimensions)."""
     flat: sympy.Expr = sympy.Integer(0)
@@ -83,7 +83,8 @@ def _window(
 ) -> LazyTensor:
     """Store a reduction over windows of the last len(kernel) dimensions:
     `starts(index)` gives the window's first input position along each, `limits(index)`
-    how many of its positions along each count."""
+    how many of its positions along each count. `kind` is a reduction's, or
+    'last_nan': the window offset of the last NaN (row-major), -1 where none."""
     dims = len(kernel)
     i = loop_vars(len(out_size))
     r = [index_var("r", d) for d in range(dims)]
@@ -97,6 +98,11 @@ def _window(
     mask = all_of(checks)
     inner = cast(x.loader([*i[:-dims], *coords]), dtype)
     body = Where(mask, guard(inner, mask), const(fill, dtype))
+    if kind == "last_nan":
+        kernel_sizes = [sympy.Integer(k) for k in kernel]
+        nan = op("logical_and", mask, op("isnan", guard(inner, mask)))
+        body = Where(nan, IndexExpr(flat_position(r, kernel_sizes)), const(-1, torch.int64))
+        kind, dtype = "max", torch.int64
     ranges = tuple(out_size)
     layout = lowering.node_layout(
         x.device, torch.int64 if kind.startswith("arg") else dtype, ranges
@@ -104,6 +110,29 @@ def _window(
     window = tuple(sympy.Integer(k) for k in kernel)
     ref = lowering.store(Reduction(ranges, window, kind, body), layout)
     return lowering.tensor(ref)
+
+
+def _max_offset(
+    lowering: GraphLowering,
+    x: LazyTensor,
+    out_size: tuple[sympy.Expr, ...],
+    starts: Any,
+    kernel: Sequence[int],
+    dilation: Sequence[int],
+    limits: Any,
+) -> Loader:
+    """The loader of the window offset of eager's maximum (windows as `_window`'s):
+    eager's kernels take each element greater than the running maximum, or NaN, so
+    the last NaN if there is one, else the first maximum (`argmax`)."""
+    window = (lowering, x, out_size, starts, kernel, dilation, limits)
+    first = _window(*window, "argmax", float("-inf"), x.dtype)
+    last_nan = _window(*window, "last_nan", float("-inf"), x.dtype)
+
+    def offset(i: Index) -> Node:
+        nan = last_nan.loader(i)
+        return Where(op("ge", nan, c(0, nan)), nan, first.loader(i))
+
+    return offset
 
 
 def _pool_input(
@@ -147,7 +176,7 @@ def _taps(
     for offsets in itertools.product(*(range(k) for k in kernel)):
         coords = [s + o * dl for s, o, dl in zip(first, offsets, dilation, strict=True)]
         mask = all_of([in_range(co, zero, n) for co, n in zip(coords, sizes, strict=True)])
-        found.append((mask, _guard_window(x, i, coords, mask), _flat(coords, sizes)))
+        found.append((mask, _guard_window(x, i, coords, mask), flat_position(coords, sizes)))
     return found
 
 
@@ -171,12 +200,30 @@ def _guard_window(
     return replace_index(body, dict(zip(stand_in, coords, strict=True)))
 
 
+def first_in_bounds(start: sympy.Expr, pad: int, dilation: int) -> sympy.Expr:
+    """The first position a window starting at `start` reads inside the input along
+    one dimension (eager's `while (start < 0) start += dilation`): the smallest
+    `start + n * dilation` that is not negative. `start` is at least `-pad`; the
+    division is of a nonnegative number (a codegen's `//` may truncate)."""
+    if dilation == 1:
+        return sympy.Max(start, 0)
+    shift = dilation * -(-pad // dilation)  # a multiple of the dilation, at least pad
+    remainder = start + shift - dilation * FloorDiv(start + shift, dilation)
+    return sympy.Max(start, remainder)
+
+
 def _unrolled_max(
-    x: LazyTensor, starts: Any, kernel: Sequence[int], dilation: Sequence[int]
+    x: LazyTensor,
+    starts: Any,
+    first: Any,
+    kernel: Sequence[int],
+    dilation: Sequence[int],
 ) -> tuple[Loader, Loader]:
     """Loaders of the window maximum and of its flat input position, as eager finds
-    them: the first element in bounds is taken, then each later one that is greater
-    or NaN (so a NaN wins, and the value is NaN)."""
+    them: the running index starts at the window's first position inside the input
+    (`first(index)`, flat) with the value -inf, and each tap in bounds that is greater
+    or NaN is taken (so a NaN wins, and the value is NaN; a window of -inf keeps its
+    first position in bounds)."""
 
     def value(i: Index) -> Node:
         best: Node | None = None
@@ -188,13 +235,9 @@ def _unrolled_max(
 
     def position(i: Index) -> Node:
         best_v: Node = const(float("-inf"), x.dtype)
-        best_i: Node = const(-1, torch.int64)
+        best_i: Node = IndexExpr(first(i))
         for mask, load, flat in _taps(x, i, starts, kernel, dilation):
-            better = op(
-                "logical_or",
-                op("logical_or", op("lt", best_i, const(0, torch.int64)), op("gt", load, best_v)),
-                op("isnan", load),
-            )
+            better = op("logical_or", op("gt", load, best_v), op("isnan", load))
             take = op("logical_and", mask, better)
             best_v = Where(take, load, best_v)
             best_i = Where(take, IndexExpr(flat), best_i)
@@ -203,42 +246,88 @@ def _unrolled_max(
     return value, position
 
 
+def _window_position(
+    k: Node,
+    starts: Sequence[sympy.Expr],
+    kernel: Sequence[int],
+    dilation: Sequence[int],
+) -> list[Node]:
+    """The input coordinates of tap `k` (a flat offset in the row-major window) of a
+    window whose first tap is at `starts`."""
+    coords: list[Node] = []
+    for d, (start, dl) in enumerate(zip(starts, dilation, strict=True)):
+        inner = math.prod(kernel[d + 1 :])
+        offset = op("remainder", op("floordiv", k, c(inner, k)), c(kernel[d], k))
+        step = offset if dl == 1 else op("mul", offset, c(dl, k))
+        coords.append(op("add", IndexExpr(start), step))
+    return coords
+
+
+def _flat_node(coords: Sequence[Node], sizes: Sequence[sympy.Expr]) -> Node:
+    """`flat_position` of coordinates that are body nodes."""
+    flat: Node = c(0, coords[0])
+    for coord, size in zip(coords, sizes, strict=True):
+        scale = c(int(size), flat) if isinstance(size, sympy.Integer) else IndexExpr(size)
+        flat = op("add", op("mul", flat, scale), coord)
+    return flat
+
+
 @register_lowering(aten.max_pool2d_with_indices.default)
 def lower_max_pool2d(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, LazyTensor]:
+    return _max_pool(lowering, node, 2)
+
+
+@register_lowering(aten.max_pool3d_with_indices.default)
+def lower_max_pool3d(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, LazyTensor]:
+    return _max_pool(lowering, node, 3)
+
+
+def _max_pool(
+    lowering: GraphLowering, node: torch.fx.Node, dims: int
+) -> tuple[LazyTensor, LazyTensor]:
+    """max_pool2d/3d_with_indices: the windows' maxima and their flat positions in each
+    input plane (or volume), as eager's kernels find them (`_unrolled_max`)."""
     a = lowering.args(node)
-    kernel = _pair(a["kernel_size"])
-    stride = _pair(a["stride"], kernel)
-    pad, dilation = _pair(a["padding"]), _pair(a["dilation"])
+    kernel = spatial_arg(a["kernel_size"], dims)
+    stride = spatial_arg(a["stride"], dims, kernel)
+    pad, dilation = spatial_arg(a["padding"], dims), spatial_arg(a["dilation"], dims)
     x = _pool_input(lowering, a["self"], kernel, stride)
     out_size = tuple(sympy.Integer(int(s)) for s in node.meta["val"][0].shape)
-    width = x.size[-1]
+    sizes = x.size[-dims:]
 
-    def starts(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        return i[-2] * stride[0] - pad[0], i[-1] * stride[1] - pad[1]
+    def starts(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+        return tuple(o * st - p for o, st, p in zip(i[-dims:], stride, pad, strict=True))
 
-    def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, sympy.Expr]:
-        return sympy.Integer(kernel[0]), sympy.Integer(kernel[1])
+    def first(i: Sequence[sympy.Expr]) -> sympy.Expr:
+        coords = [
+            first_in_bounds(s, p, dl) for s, p, dl in zip(starts(i), pad, dilation, strict=True)
+        ]
+        return flat_position(coords, sizes)
 
-    if kernel[0] * kernel[1] <= UNROLL_WINDOW:
-        value, position = _unrolled_max(x, starts, kernel, dilation)
+    def limits(i: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+        return tuple(sympy.Integer(k) for k in kernel)
+
+    if math.prod(kernel) <= UNROLL_WINDOW:
+        value, position = _unrolled_max(x, starts, first, kernel, dilation)
         return (
             LazyTensor(x.device, x.dtype, out_size, value),
             LazyTensor(x.device, torch.int64, out_size, position),
         )
     args = (lowering, x, out_size, starts, kernel, dilation, limits)
     values = _window(*args, "max", float("-inf"), x.dtype)
-    arg = _window(*args, "argmax", float("-inf"), x.dtype)
+    offset = _max_offset(*args)
 
     def index(i: Index) -> Node:
-        k = arg.loader(i)
-        h0, w0 = starts(i)
-        row = op(
-            "add", IndexExpr(h0), op("mul", op("floordiv", k, c(kernel[1], k)), c(dilation[0], k))
+        # padding reads -inf: a window whose maximum is -inf may find its first tap in
+        # the padding, where eager keeps the first position in bounds
+        coords = _window_position(offset(i), starts(i), kernel, dilation)
+        inside = all_of(
+            [
+                op("logical_and", op("ge", co, c(0, co)), op("lt", co, IndexExpr(n)))
+                for co, n in zip(coords, sizes, strict=True)
+            ]
         )
-        col = op(
-            "add", IndexExpr(w0), op("mul", op("remainder", k, c(kernel[1], k)), c(dilation[1], k))
-        )
-        return op("add", op("mul", row, IndexExpr(width)), col)
+        return Where(inside, _flat_node(coords, sizes), IndexExpr(first(i)))
 
     return values, LazyTensor(x.device, torch.int64, out_size, index)
 
@@ -257,10 +346,10 @@ def _avg_pool(lowering: GraphLowering, node: torch.fx.Node, dims: int) -> LazyTe
     """avg_pool2d and avg_pool3d: the window's sum over its count (the padded or the
     in-bounds extent per dimension, or `divisor_override`)."""
     a = lowering.args(node)
-    kernel = _spatial(a["kernel_size"], dims)
-    stride = _spatial(a["stride"], dims, kernel)
+    kernel = spatial_arg(a["kernel_size"], dims)
+    stride = spatial_arg(a["stride"], dims, kernel)
     x = _pool_input(lowering, a["self"], kernel, stride)
-    pad = _spatial(a["padding"], dims)
+    pad = spatial_arg(a["padding"], dims)
     sizes = _ints(x.size[-dims:])
     out_size = lowering.out_size(node)
     dtype = acc_dtype(x.dtype)
@@ -347,19 +436,13 @@ def _adaptive(
     first = _window(lowering, x, out_size, starts, kernel, ones, limits, kind, fill, dtype)
     if kind == "sum":
         return first, first, limits
-    arg = _window(lowering, x, out_size, starts, kernel, ones, limits, "argmax", fill, dtype)
+    offset = _max_offset(lowering, x, out_size, starts, kernel, ones, limits)
 
     def index(i: Index) -> Node:
-        # the window's flat offset k, unravelled over the largest window, then the
+        # the window's flat offset, unravelled over the largest window, then the
         # input position flat over the spatial dimensions
-        k = arg.loader(i)
-        flat: Node = c(0, k)
-        for d, (start, size) in enumerate(zip(starts(i), sizes, strict=True)):
-            inner = math.prod(kernel[d + 1 :])
-            offset = op("remainder", op("floordiv", k, c(inner, k)), c(kernel[d], k))
-            coord = op("add", IndexExpr(start), offset)
-            flat = op("add", op("mul", flat, c(size, flat)), coord)
-        return flat
+        coords = _window_position(offset(i), starts(i), kernel, ones)
+        return _flat_node(coords, [sympy.Integer(n) for n in sizes])
 
     return first, LazyTensor(x.device, torch.int64, out_size, index), limits
 
@@ -394,6 +477,14 @@ def lower_adaptive_max_pool2d(
     lowering: GraphLowering, node: torch.fx.Node
 ) -> tuple[LazyTensor, LazyTensor]:
     values, indices, _ = _adaptive(lowering, node, "max", 2)
+    return values, indices
+
+
+@register_lowering(aten.adaptive_max_pool3d.default)
+def lower_adaptive_max_pool3d(
+    lowering: GraphLowering, node: torch.fx.Node
+) -> tuple[LazyTensor, LazyTensor]:
+    values, indices, _ = _adaptive(lowering, node, "max", 3)
     return values, indices
 
 
