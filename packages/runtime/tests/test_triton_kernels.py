@@ -91,11 +91,15 @@ def _embedding_bags(t: torch.Tensor, i: torch.Tensor, o: torch.Tensor, w: torch.
 
 
 def _volume_grid(device: str) -> list[Any]:
-    """A volume and a grid reaching past its faces, with a NaN and an infinity."""
+    """A volume and a grid reaching past its faces; on the CPU with a NaN and an
+    infinity. Eager's CUDA kernel samples such a point where its CPU kernel (and
+    ember, on every device: ember.ir.sampling) reads nothing, so the GPU case, which
+    compares with eager on the GPU, leaves it out."""
     g = torch.Generator().manual_seed(0)
     volume, grid = torch.randn(2, 3, 4, 5, 6, generator=g), torch.randn(2, 3, 2, 4, 3, generator=g)
     grid = grid * 1.5
-    grid[0, 0, 0, 0] = torch.tensor([float("nan"), 0.5, float("inf")])
+    if torch.device(device).type == "cpu":
+        grid[0, 0, 0, 0] = torch.tensor([float("nan"), 0.5, float("inf")])
     return [volume.to(device), grid.to(device)]
 
 

@@ -9,6 +9,13 @@ reflection), and reads the 2^3 corners around it (or the nearest voxel) through
 masked indirect loads. A corner outside the volume reads nothing and adds nothing;
 it is found by float comparisons, so a NaN coordinate lands nowhere, as in eager.
 
+Non-finite grid points follow eager's CPU kernel on every device. Eager's CUDA
+kernel differs from its own CPU kernel there (its clipping uses fmax/fmin, which
+drop a NaN, where the CPU kernel's std::max/std::min keep their argument order):
+on the H100, a grid point (NaN, 0.5, inf) gave other values on CUDA than ember's,
+which are the CPU kernel's (3 of 144 values, 2026-11-25). Such a point has no
+defined sample; ember gives one answer for it, the CPU kernel's.
+
 The arithmetic is eager's CPU kernel's, op by op and in the input's type: a half
 type rounds after every op, as c10's half types do, so a nearest voxel chosen at a
 rounding boundary is eager's. The 2-d op is torch's decomposition
