@@ -97,6 +97,22 @@ def test_functional_collectives_are_intentional_externs() -> None:
     assert not any(n.fallback for n in program.nodes if isinstance(n, ExternKernel))
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.ops.aten, "cholesky"), reason="this torch has no aten.cholesky op"
+)
+def test_the_legacy_cholesky_is_an_intentional_extern() -> None:
+    """`aten.cholesky` reaches the IR whole on a torch that still has it (2.11; later
+    versions have no such op): a LAPACK/cuSOLVER call like the rest of linalg, not a
+    fallback."""
+    a = torch.randn(4, 4)
+    spd = a @ a.T + 4 * torch.eye(4)
+    gm = make_fx(lambda x: torch.ops.aten.cholesky.default(x) * 2)(spd)
+    program = lower_graph(gm, options=LoweringOptions(loops=True, allow_fallback=False))
+    ops = {str(n.op) for n in program.nodes if isinstance(n, ExternKernel)}
+    assert "aten.cholesky.default" in ops
+    assert not program.fallback_ops
+
+
 def test_verifier_rejects_a_dangling_read() -> None:
     gm = make_fx(lambda x: x.exp())(torch.randn(3))
     program = lower_graph(gm)

@@ -35,7 +35,7 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
         for suffix in ("", "_backward")
     ),
     # LAPACK/cuSOLVER factorizations and solvers: iterative, pivoting, not loop nests
-    "linalg": ("linalg_cholesky_ex", "linalg_eig", "_linalg_eigh", "linalg_inv_ex",
+    "linalg": ("cholesky", "linalg_cholesky_ex", "linalg_eig", "_linalg_eigh", "linalg_inv_ex",
                "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lstsq", "linalg_lu",
                "linalg_lu_factor_ex", "linalg_lu_solve", "linalg_matrix_exp", "linalg_qr",
                "linalg_solve_triangular", "linalg_householder_product", "_linalg_svd",
