@@ -5,7 +5,14 @@ is walked children first and memoised, so shared subexpressions cost once, and a
 computed in an enclosing scope is reused by inner ones). Loads read `p_<buffer>[index]`
 with the index printed by ember.codegen.cpp.indexing; half types convert through bits;
 masked loads read memory only where the mask holds; indirect loads rename `ind<k>` to
-the temporary of their k-th indirect value. Loads of a kernel-local reduction read the
+the temporary of their k-th indirect value.
+
+Inside an `omp simd` loop, a masked load whose index never leaves the elements it
+reads where its mask holds (a pool's taps that padding cannot push out), or that does
+not move along the loop (a padded broadcast), reads unconditionally, clamped to those
+elements where needed, then selects `mask ? value : other`: the same values, with no
+masked load to keep the loop scalar (ember.codegen.cpp.masked_loads; other masked
+loads keep the masked form). Loads of a kernel-local reduction read the
 C++ value the loop emitter registered for it (`KernelContext.local_values`). Float32
 GELU as ember.ir lowers it is written as one prelude call, `ember::gelu(x)`
 (`gelu_operand`), its formula's inner nodes not emitted.
@@ -36,6 +43,7 @@ import torch
 from ember.codegen.cpp.dtypes import (
     HALF_TYPES,
     compute_type,
+    int_literal,
     literal,
     load_value,
     round_to,
@@ -45,6 +53,7 @@ from ember.codegen.cpp.dtypes import (
 from ember.codegen.cpp.errors import CppRenderError
 from ember.codegen.cpp.indexing import IndexPrintError, print_index
 from ember.codegen.cpp.info import KernelCheck
+from ember.codegen.cpp.masked_loads import Box, clamp_bounds, loop_box, moves_with
 from ember.codegen.cpp.ops_table import render_op
 from ember.ir import Cast, CheckIndex, Const, IndexExpr, Load, Node, Op, Rand, Where, walk
 from ember.ir.expr import may_divide_by_zero
@@ -68,6 +77,14 @@ class KernelContext:
     load_overrides: dict[Load, str] = field(default_factory=dict)
     counter: Iterator[int] = field(default_factory=itertools.count)
     checks: list[KernelCheck] = field(default_factory=list)
+    _loops: Box | None = None
+
+    @property
+    def loops(self) -> Box:
+        """The kernel's loop variables with static ranges, and their ranges."""
+        if self._loops is None:
+            self._loops = loop_box(self.kernel)
+        return self._loops
 
     def check(self, check: KernelCheck) -> int:
         """The number of `check` in this kernel's error record (one per distinct check)."""
@@ -109,6 +126,7 @@ class Emitter:
         self.depth = depth
         self.scopes: list[dict[Node, str]] = [{}]
         self.simd_checks: list[SimdCheck] | None = None  # inside a simd loop
+        self.lane: sympy.Symbol | None = None  # the variable a simd loop advances
 
     def line(self, text: str) -> None:
         self.lines.append("  " * self.depth + text if text else "")
@@ -130,18 +148,23 @@ class Emitter:
             self.line(close)
 
     @contextmanager
-    def simd_loop(self, header: str) -> Iterator[None]:
+    def simd_loop(self, header: str, lane: sympy.Symbol | None = None) -> Iterator[None]:
         """`#pragma omp simd` and the loop `header`, with the reductions and the
-        after-loop test of the index checks emitted inside (see the module docstring)."""
+        after-loop test of the index checks emitted inside (see the module docstring).
+        `lane`: the kernel variable (`i2`, `r1`) that goes up by one from each
+        iteration to the next, where there is one (which masked loads read
+        unconditionally depends on it: ember.codegen.cpp.masked_loads)."""
         at = len(self.lines)
         self.line("#pragma omp simd")
         outer, self.simd_checks = self.simd_checks, []
+        outer_lane, self.lane = self.lane, lane
         try:
             with self.block(header):
                 yield
             found = self.simd_checks
         finally:
             self.simd_checks = outer
+            self.lane = outer_lane
         if not found:
             return
         indent = "  " * self.depth
@@ -319,6 +342,21 @@ class Emitter:
         if node.buffer in ctx.local_values:
             member, which = ctx.kernel.local_value(node)
             return self._define(node.dtype, ctx.local_values[member.name][which])
+        bounds = self._clamp_bounds(node)
+        if bounds is not None and node.mask is not None:
+            # every lane reads (a plain or a broadcast load); masked-off lanes read an
+            # element the masked form reads elsewhere, and drop it
+            low, high = bounds
+            index = ctx.index(node.index)
+            if low is not None:
+                index = f"std::max<int64_t>({index}, {int_literal(low)})"
+            if high is not None:
+                index = f"std::min<int64_t>({index}, {int_literal(high)})"
+            pointer = self.pointer(node.buffer, node.dtype)
+            element = f"{pointer}[{index}]"
+            value = self._define(node.dtype, load_value(node.dtype, element))
+            other = literal(node.other, node.dtype, ctx.kernel.name)
+            return self._define(node.dtype, f"{self._known(node.mask)} ? {value} : {other}")
         element = load_value(node.dtype, self._element(node))
         conditions = self.size_guards(node.indirect)
         if node.mask is not None:
@@ -327,6 +365,22 @@ class Emitter:
             other = literal(node.other, node.dtype, ctx.kernel.name)
             element = f"{' && '.join(conditions)} ? {element} : {other}"
         return self._define(node.dtype, element)
+
+    def _clamp_bounds(self, node: Load) -> tuple[int | None, int | None] | None:
+        """Where a masked load in a simd loop reads unconditionally, the bounds its
+        index is clamped to (None for a side it never passes): where no clamp is
+        needed, or where the index does not move along the loop (a clamped load is a
+        broadcast there, but a gather elsewhere: slower than the scalar loop). See
+        ember.codegen.cpp.masked_loads."""
+        ctx = self.ctx
+        if node.mask is None or self.lane is None or node in ctx.load_overrides:
+            return None
+        if node.buffer in ctx.local_values:
+            return None
+        bounds = clamp_bounds(node, ctx.loops)
+        if bounds is None or bounds == (None, None):
+            return bounds
+        return None if moves_with(node.index, self.lane) else bounds
 
 
 def gelu_operand(node: Node) -> Node | None:

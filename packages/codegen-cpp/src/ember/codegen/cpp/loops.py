@@ -21,7 +21,7 @@ import torch
 from ember.codegen.cpp.dtypes import HALF_TYPES, load_value, store_value
 from ember.codegen.cpp.emitter import Emitter
 from ember.ir import CheckIndex, IndexExpr, Load, Node, Rand, walk
-from ember.ir.symbolic import indirect_var, product, static_int
+from ember.ir.symbolic import index_var, indirect_var, product, static_int
 from ember.scheduler import KernelMember
 
 BLOCK = 1024  # elements of the innermost dimension per parallel work item
@@ -104,16 +104,17 @@ def emit_pointwise(e: Emitter) -> None:
     bounds = [size(e, r) for r in ranges]
     parallel_pragma(e, ranges, count if blocked else count - 1)
     inner = f"i{count - 1}"
+    lane = index_var("i", count - 1)
     with nested_loops(e, [f"i{d}" for d in range(count - 1)], bounds[:-1]):
         if blocked:
             with e.block(f"for (int64_t ib = 0; ib < {bounds[-1]}; ib += {BLOCK})"):
                 e.line(f"const int64_t ie = std::min<int64_t>(ib + {BLOCK}, {bounds[-1]});")
                 hoist_checks(e, inner)
-                with e.simd_loop(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
+                with e.simd_loop(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})", lane):
                     _pointwise_body(e)
         else:
             hoist_checks(e, inner)
-            with e.simd_loop(f"for (int64_t {inner} = 0; {inner} < {bounds[-1]}; ++{inner})"):
+            with e.simd_loop(f"for (int64_t {inner} = 0; {inner} < {bounds[-1]}; ++{inner})", lane):
                 _pointwise_body(e)
 
 

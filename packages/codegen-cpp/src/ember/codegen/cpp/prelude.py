@@ -543,12 +543,17 @@ inline void stream_fence() {
 }
 
 // Ops whose torch semantics take more than one C++ expression.
+// maximum/minimum: b where b is NaN or beyond a, else a (so a NaN a stays). Written as
+// two selects, not `(b > a || b != b) ? b : a`: in scalar loops GCC made that `||` a
+// branch on the data, mispredicted about half the time on random values (ResNet's
+// stem max pool, nine taps: 21 ns per output on one thread, 2.3 ns as selects). The
+// same results, and simd loops vectorise either form alike.
 template <class T> inline T maximum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) return (b > a || b != b) ? b : a;
+  if constexpr (std::is_floating_point_v<T>) return b != b ? b : (a < b ? b : a);
   else return b > a ? b : a;
 }
 template <class T> inline T minimum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) return (b < a || b != b) ? b : a;
+  if constexpr (std::is_floating_point_v<T>) return b != b ? b : (b < a ? b : a);
   else return b < a ? b : a;
 }
 template <class T> inline T fmax(T a, T b) {

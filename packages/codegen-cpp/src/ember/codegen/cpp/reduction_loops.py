@@ -314,6 +314,7 @@ class ReductionEmitter:
         lo, hi = ("r_lo", "r_hi") if self.m == 1 else ("0", size(e, ranges[-1]))
         outermost = e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)" if self.m > 1 else "")
         middle = [f"r{d}" for d in range(1, last)]
+        lane = index_var("r", last)
         # lanes see equal counts in whole chunks unless a partial chunk comes between
         whole = static_int(ranges[-1])
         uniform = any(rule.uniform_update for _, rule, _ in rules) and (
@@ -329,12 +330,12 @@ class ReductionEmitter:
             with e.block("for (int64_t rb = " + lo + "; rb < rm; rb += ember::kLanes)"):
                 if uniform:
                     e.line("const double ember_w = 1.0 / double(++ember_chunks);")
-                with e.simd_loop("for (int64_t l = 0; l < ember::kLanes; ++l)"):
+                with e.simd_loop("for (int64_t l = 0; l < ember::kLanes; ++l)", lane):
                     e.line(f"const int64_t r{last} = rb + l;")
                     self._evaluate(members, rules, "l", uniform)
             with e.block(f"if (rm < {hi})"):
                 e.line(f"const int64_t rb = rm, rn = {hi} - rm;")
-                with e.simd_loop("for (int64_t l = 0; l < rn; ++l)"):
+                with e.simd_loop("for (int64_t l = 0; l < rn; ++l)", lane):
                     e.line(f"const int64_t r{last} = rb + l;")
                     self._evaluate(members, rules, "l")
         if fields:
@@ -359,7 +360,7 @@ class ReductionEmitter:
         with (
             e.block("for (int64_t r0 = r_lo; r0 < r_hi; ++r0)"),
             nested_loops(e, [f"r{d}" for d in range(1, self.m)], [size(e, r) for r in ranges[1:]]),
-            e.simd_loop("for (int64_t l = 0; l < ln; ++l)"),
+            e.simd_loop("for (int64_t l = 0; l < ln; ++l)", index_var("i", self.n - 1)),
         ):
             e.line(f"const int64_t i{self.n - 1} = ib + l;")
             self._evaluate(members, rules, "s")
@@ -411,7 +412,7 @@ class ReductionEmitter:
         if not stored:
             return
         if self.column:
-            with e.simd_loop("for (int64_t l = 0; l < ln; ++l)"):
+            with e.simd_loop("for (int64_t l = 0; l < ln; ++l)", index_var("i", self.n - 1)):
                 e.line(f"const int64_t i{self.n - 1} = ib + l;")
                 self._store_results(stored)
         else:
@@ -433,7 +434,7 @@ class ReductionEmitter:
             return
         e.line("// pointwise members over the outer points")
         if self.column:
-            with e.simd_loop("for (int64_t l = 0; l < ln; ++l)"):
+            with e.simd_loop("for (int64_t l = 0; l < ln; ++l)", index_var("i", self.n - 1)):
                 e.line(f"const int64_t i{self.n - 1} = ib + l;")
                 self._outer_bodies(outer)
         else:

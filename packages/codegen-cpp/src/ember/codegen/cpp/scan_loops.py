@@ -128,7 +128,7 @@ def emit_scan(e: Emitter) -> None:
                 e.line(init.format(at=""))
         with e.block(f"for (int64_t r0 = 0; r0 < {length}; ++r0)"):
             if column:
-                with e.simd_loop("for (int64_t l = 0; l < ln; ++l)"):
+                with e.simd_loop("for (int64_t l = 0; l < ln; ++l)", index_var("i", n - 1)):
                     e.line(f"const int64_t i{n - 1} = ib + l;")
                     _step(e, rules, "[l]")
             else:

@@ -133,7 +133,8 @@ def _partial_tile(e: Emitter, d: int) -> None:
     e.line(f"const int64_t ie = std::min<int64_t>(ib + {COLS}, {bounds[-1]});")
     with e.block(f"for (int64_t i{d} = jb; i{d} < je; ++i{d})"):
         hoist_checks(e, inner)
-        with e.simd_loop(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})"):
+        lane = index_var("i", len(bounds) - 1)
+        with e.simd_loop(f"for (int64_t {inner} = ib; {inner} < ie; ++{inner})", lane):
             for member in e.ctx.kernel.members:
                 e.ctx.member = member.name
                 store_member(e, member)
@@ -162,7 +163,7 @@ def _full_tile(e: Emitter, d: int, loads: list[Load]) -> None:
         e.line(f"alignas(64) {storage_type(member.dtype)} row{k}[{ROWS * COLS}];")
     with e.block(f"for (int64_t a = 0; a < {ROWS}; ++a)"):
         e.line(f"const int64_t i{d} = jb + a;")
-        with e.simd_loop(f"for (int64_t b = 0; b < {COLS}; ++b)"):
+        with e.simd_loop(f"for (int64_t b = 0; b < {COLS}; ++b)", last):
             e.line(f"const int64_t i{count - 1} = ib + b;")
             e.ctx.load_overrides = overrides
             for k, member in enumerate(kernel.members):
