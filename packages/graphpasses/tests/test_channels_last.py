@@ -192,3 +192,48 @@ def test_training_joint_graph_is_left_alone_when_copies_would_cost_too_much() ->
         torch.randn(2, 3, 12, 12)
     ).sum().backward()
     assert "joint" in captured
+
+
+class Narrowing(nn.Module):
+    """A wide early convolution (small weight, large input), then a deep late one
+    (large weight, small input): by convolution, only the first runs channels-last
+    and the second gets NCHW back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.early = nn.Conv2d(8, 8, 3, padding=1)  # weight 576 < input 2*8*16*16
+        self.late = nn.Conv2d(8, 64, 3, stride=4)  # weight 4608 > input 2*8*16*16 = 4096
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.late(torch.relu(self.early(x))).mean((2, 3))
+
+
+def test_by_convolution_each_takes_the_layout_its_shapes_favour() -> None:
+    captured = aot_capture(Narrowing().eval(), torch.randn(2, 8, 16, 16))
+    gm = captured.graph("inference")
+    before = _run(gm, captured.inputs["inference"])
+    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    from ember.graphpasses import favours_channels_last
+
+    assert [favours_channels_last(c) for c in convs] == [True, False]
+    result = channels_last_convolutions(devices=(), by_convolution=("cpu",))(gm)
+    assert result.changed and result.stats == {"converted": 2}  # there and back
+    layouts = [
+        n.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
+        for n in gm.graph.nodes
+        if n.target is aten.convolution.default
+    ]
+    assert layouts == [True, False]
+    after = _run(gm, captured.inputs["inference"])
+    for a, b in zip(after, before, strict=True):
+        assert a.stride() == b.stride()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_by_convolution_leaves_a_graph_alone_where_no_convolution_favours_it() -> None:
+    model = nn.Sequential(nn.Conv2d(8, 64, 3, stride=4), nn.ReLU()).eval()
+    captured = aot_capture(model, torch.randn(2, 8, 16, 16))
+    gm = captured.graph("inference")
+    code = gm.code
+    assert not channels_last_convolutions(devices=(), by_convolution=("cpu",))(gm).changed
+    assert gm.code == code and count(gm, aten.clone.default) == 0

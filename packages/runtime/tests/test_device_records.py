@@ -131,3 +131,8 @@ def test_auto_settings_follow_the_device_types_defaults() -> None:
         assert partition_fn("cuda").partition is min_cut_partition
         assert partition_fn("cpu").partition is not min_cut_partition
         assert config.layout_devices == ("cuda",)
+        assert config.layout_by_convolution == ("cpu",)  # each convolution by its shapes
+    with config.scope(layout="channels-last"):
+        assert config.layout_devices == ("cuda", "cpu") and config.layout_by_convolution == ()
+    with config.scope(layout="keep"):
+        assert config.layout_devices == () and config.layout_by_convolution == ()

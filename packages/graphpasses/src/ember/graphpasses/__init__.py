@@ -7,7 +7,11 @@ lower) and its default pipeline. See the package README for the files in order.
 """
 
 from ember.graphpasses.batch_norm_statistics import drop_training_running_statistics
-from ember.graphpasses.channels_last import channels_last_convolutions, channels_last_training
+from ember.graphpasses.channels_last import (
+    channels_last_convolutions,
+    channels_last_training,
+    favours_channels_last,
+)
 from ember.graphpasses.constant_folding import fold_constants
 from ember.graphpasses.conv_bias import convolution_bias_epilogue
 from ember.graphpasses.cpu_linear import LinearCase, cpu_linear, linear_op
@@ -73,6 +77,7 @@ __all__ = [
     "aot_decompositions",
     "channels_last_convolutions",
     "channels_last_training",
+    "favours_channels_last",
     "check_aten_level",
     "collect_custom_op_profiles",
     "collect_module_call_signatures",

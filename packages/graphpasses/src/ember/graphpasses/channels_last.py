@@ -19,6 +19,13 @@ its saved activations, and copying each of them back would cost more than it sav
 Weights stay as they are: ATen's convolution converts a weight to the input's
 layout itself. Only static and symbolic 4-D convolutions on the given device types
 (CUDA by default) in floating point are considered.
+
+On the device types given as `by_convolution` (the CPU's), each convolution gets the
+layout its own shapes favour (`favours_channels_last`): oneDNN's channels-last
+convolution reorders the weight at every call, which pays where the activations
+outweigh the weight and costs up to ten times the NCHW call where the weight is the
+larger. A convolution that favours NCHW but would receive channels-last data from an
+earlier one gets it converted back first.
 """
 
 from __future__ import annotations
@@ -47,14 +54,33 @@ PASS = "channels_last_convolutions"
 
 
 def channels_last_convolutions(
-    devices: Sequence[str] = ("cuda",), max_copies: int = 1
+    devices: Sequence[str] = ("cuda",), max_copies: int = 1, by_convolution: Sequence[str] = ()
 ) -> GraphPass:
-    """The pass, for convolutions on the given device types."""
-    return _layout_pass(tuple(devices), _CopyRule(max_copies, None))
+    """The pass, for every convolution on the `devices` types and for the
+    convolutions that favour it (`favours_channels_last`) on the `by_convolution`
+    types."""
+    return _layout_pass(tuple(devices), _CopyRule(max_copies, None), tuple(by_convolution))
+
+
+def favours_channels_last(conv: torch.fx.Node) -> bool:
+    """Whether a CPU convolution runs faster on channels-last input: where its
+    weight has no more elements than its input. One thread, 2-core AMD EPYC,
+    channels-last input against NCHW (2026-11-25): 1.06-1.38x faster for weight/input
+    element ratios 0.07-2.0 (cnn_block's 3x3 convolution, ResNet-18's stem and first
+    stage and 1x1 downsamples at batch 2, 64x64), 0.93x at 9, 0.56x at 144, 0.10x at
+    576 (ResNet-18's last 3x3 convolution: 9.6 ms against 0.95)."""
+    source, weight = conv.args[0], conv.args[1]
+    x = tensor_value(source) if isinstance(source, torch.fx.Node) else None
+    w = tensor_value(weight) if isinstance(weight, torch.fx.Node) else None
+    if x is None or w is None:
+        return False
+    return _numel(w) <= _numel(x)
 
 
 def channels_last_training(
-    devices: Sequence[str] = ("cuda",), max_copy_fraction: float = 0.25
+    devices: Sequence[str] = ("cuda",),
+    max_copy_fraction: float = 0.25,
+    by_convolution: Sequence[str] = (),
 ) -> GraphPass:
     """The pass for AOTAutograd's joint forward + backward graph, run before the
     partitioner splits it. The forward's activations then go to the backward
@@ -67,14 +93,17 @@ def channels_last_training(
     bytes the convolutions read, else the graph is left as it was. Unlike inference,
     a large 4-D output gets no free copy: its gradient then arrives NCHW and every
     backward convolution mixes layouts. The ResNet basic block (output as large as
-    its activations) trained in 3.39 ms channels-last against 2.75 ms NCHW (H100)."""
-    return _layout_pass(tuple(devices), _CopyRule(None, max_copy_fraction))
+    its activations) trained in 3.39 ms channels-last against 2.75 ms NCHW (H100).
+    `by_convolution` as for `channels_last_convolutions`."""
+    return _layout_pass(tuple(devices), _CopyRule(None, max_copy_fraction), tuple(by_convolution))
 
 
-def _layout_pass(devices: tuple[str, ...], rule: _CopyRule) -> GraphPass:
+def _layout_pass(
+    devices: tuple[str, ...], rule: _CopyRule, by_convolution: tuple[str, ...]
+) -> GraphPass:
     @named_pass(PASS, (PRESERVES_NO_MUTATION, PRESERVES_CORE_ATEN, PRESERVES_RANDOMNESS))
     def run(gm: torch.fx.GraphModule) -> PassResult:
-        converted = _convert(gm, devices, rule)
+        converted = _convert(gm, devices, rule, by_convolution)
         if converted:
             gm.graph.lint()
             gm.recompile()
@@ -101,11 +130,15 @@ class _CopyRule:
 
 def _bytes(value: torch.Tensor) -> int:
     """Bytes of `value`; a symbolic size counts at its hint (the traced example's)."""
+    return _numel(value) * value.element_size()
+
+
+def _numel(value: torch.Tensor) -> int:
     numel = value.numel()
     if not isinstance(numel, int):
         hint = getattr(getattr(numel, "node", None), "hint", None)
         numel = int(hint) if hint is not None else 1 << 40  # unknown: as if huge
-    return int(numel) * value.element_size()
+    return int(numel)
 
 
 def _is_channels_last(value: torch.Tensor) -> bool:
@@ -113,6 +146,7 @@ def _is_channels_last(value: torch.Tensor) -> bool:
 
 
 def _candidate(node: torch.fx.Node, devices: tuple[str, ...]) -> bool:
+    """A 4-D floating-point convolution on `devices`, not transposed."""
     if node.op != "call_function" or node.target is not aten.convolution.default:
         return False
     source = node.args[0]
@@ -124,8 +158,18 @@ def _candidate(node: torch.fx.Node, devices: tuple[str, ...]) -> bool:
         and value.device.type in devices
         and value.dtype.is_floating_point
         and not transposed
-        and not _is_channels_last(value)
     )
+
+
+def _wanted(
+    node: torch.fx.Node, devices: tuple[str, ...], by_convolution: tuple[str, ...]
+) -> torch.memory_format | None:
+    """The layout to give convolution `node`'s input (None: leave it as it is)."""
+    if _candidate(node, devices):
+        return torch.channels_last
+    if _candidate(node, by_convolution):
+        return torch.channels_last if favours_channels_last(node) else torch.contiguous_format
+    return None
 
 
 def _inferable(gm: torch.fx.GraphModule) -> bool:
@@ -138,9 +182,19 @@ def _inferable(gm: torch.fx.GraphModule) -> bool:
     )
 
 
-def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], rule: _CopyRule) -> int:
+def _convert(
+    gm: torch.fx.GraphModule,
+    devices: tuple[str, ...],
+    rule: _CopyRule,
+    by_convolution: tuple[str, ...] = (),
+) -> int:
     mode = fake_mode_of(gm)
-    convolutions = [n for n in gm.graph.nodes if _candidate(n, devices)]
+    wanted = {n: w for n in gm.graph.nodes if (w := _wanted(n, devices, by_convolution))}
+    convolutions = [
+        n
+        for n, w in wanted.items()
+        if w is torch.channels_last and not _is_channels_last(tensor_value(n.args[0]))
+    ]
     if mode is None or not convolutions or not _inferable(gm):
         return 0
     graph = gm.graph
@@ -148,12 +202,19 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], rule: _CopyRule
     (output,) = [n for n in graph.nodes if n.op == "output"]
     promised = [(arg, tensor_value(arg)) for arg in pytree.tree_leaves(output.args)]
     made: list[torch.fx.Node] = []
-    for conv in convolutions:
+    # back to NCHW before a convolution that favours it, where an earlier one's
+    # conversion would reach it (dropped below where none does)
+    backs_in = [
+        n
+        for n, w in wanted.items()
+        if w is torch.contiguous_format and not _is_channels_last(tensor_value(n.args[0]))
+    ]
+    for conv in convolutions + backs_in:
         source = conv.args[0]
         assert isinstance(source, torch.fx.Node)
         with graph.inserting_before(conv):
             clone = graph.call_function(
-                aten.clone.default, (source,), {"memory_format": torch.channels_last}
+                aten.clone.default, (source,), {"memory_format": wanted[conv]}
             )
         copy_debug_meta(conv, clone)
         gradients = [user for user in source.users if _gradient_of(user, conv)]
@@ -166,15 +227,23 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], rule: _CopyRule
     except Exception:
         _undo(gm, made, saved)
         return 0
-    # A conversion whose input is channels-last by now (a later convolution's input,
-    # carried over from an earlier one) copies nothing useful: drop it.
+    # A conversion whose input has its layout by now (a later convolution's input,
+    # carried over from an earlier one, or never converted) copies nothing useful:
+    # drop it.
     for clone in list(made):
         source = clone.args[0]
         value = tensor_value(source) if isinstance(source, torch.fx.Node) else None
-        if value is not None and _is_channels_last(value):
+        to_nhwc = clone.kwargs["memory_format"] is torch.channels_last
+        if value is not None and (
+            _is_channels_last(value) if to_nhwc else not _is_channels_last(value)
+        ):
             clone.replace_all_uses_with(source)  # type: ignore[arg-type]  # a Node
             graph.erase_node(clone)
             made.remove(clone)
+    inputs = [v for c in convolutions if (v := tensor_value(c.args[0])) is not None]
+    if not any(c.kwargs["memory_format"] is torch.channels_last for c in made):
+        _undo(gm, made, saved)
+        return 0
     changed = [
         (arg, old)
         for arg, old in promised
@@ -183,7 +252,6 @@ def _convert(gm: torch.fx.GraphModule, devices: tuple[str, ...], rule: _CopyRule
         and (value := tensor_value(arg)) is not None
         and value.stride() != old.stride()
     ]
-    inputs = [v for c in convolutions if (v := tensor_value(c.args[0])) is not None]
     if (
         not made
         or not rule.allows([old for _, old in changed], inputs)

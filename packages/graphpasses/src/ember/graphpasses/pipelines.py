@@ -48,9 +48,11 @@ def default_pipeline(
     max_constant_elements: int = DEFAULT_MAX_ELEMENTS,
     layout_devices: Sequence[str] = ("cuda",),
     cpu_linear_prefer: Prefer | None = None,
+    layout_by_convolution: Sequence[str] = (),
 ) -> PassManager:
     """The passes the runtime runs on every graph before lowering. Convolution graphs
-    on `layout_devices` run channels-last; CUDA convolutions' biases become fusable
+    on `layout_devices` run channels-last, and on `layout_by_convolution` each
+    convolution in the layout its shapes favour; CUDA convolutions' biases become fusable
     adds whatever the layout (CPU kernels add the bias inside the convolution). CPU
     matmuls become oneDNN linears where `cpu_linear_prefer` (if given) prefers them."""
     passes = [normalise_views, remove_noops]
@@ -59,7 +61,7 @@ def default_pipeline(
     passes += [
         compose_permutes,
         pad_matmul(),
-        channels_last_convolutions(layout_devices),
+        channels_last_convolutions(layout_devices, by_convolution=layout_by_convolution),
         convolution_bias_epilogue(),
         *([cpu_linear(cpu_linear_prefer)] if cpu_linear_prefer is not None else []),
         eliminate_common_subexpressions,

@@ -197,7 +197,7 @@ def _needed_by_backward(
 
 
 def _channels_last_then(
-    partition: Callable[..., Any], devices: Sequence[str]
+    partition: Callable[..., Any], devices: Sequence[str], by_convolution: Sequence[str] = ()
 ) -> Callable[..., Any]:
     """`partition`, after the joint forward + backward graph of a training step on
     `devices` (`EMBER_LAYOUT`; CUDA by default) is turned channels-last
@@ -206,7 +206,7 @@ def _channels_last_then(
     After the split, the forward alone could not change its saved activations'
     strides (the backward reads them as promised). A failure leaves the joint graph
     to the partitioner as it came, with a warning."""
-    layout = channels_last_training(devices)
+    layout = channels_last_training(devices, by_convolution=by_convolution)
 
     def split(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         try:
@@ -259,7 +259,9 @@ def _aot_call(
         bw_compiler=_compiler("backward", settings),
         inference_compiler=_compiler("inference", settings),
         decompositions=aot_decompositions(),
-        partition_fn=_channels_last_then(partition_fn(device_type), config.layout_devices),
+        partition_fn=_channels_last_then(
+            partition_fn(device_type), config.layout_devices, config.layout_by_convolution
+        ),
         # Input mutations stay in the inference graph as copy_ epilogues, which ember
         # runs in place, instead of being replayed by AOTAutograd's runtime wrapper.
         keep_inference_input_mutations=True,

@@ -198,6 +198,7 @@ def compile_graph(
             pipeline = default_pipeline(
                 dump_dir=debug / "passes" if debug else None,
                 layout_devices=config.layout_devices,
+                layout_by_convolution=config.layout_by_convolution,
                 cpu_linear_prefer=recorded(prefer_for(config.cpu_gemm), gemm_choices)
                 if cpu
                 else None,

@@ -245,9 +245,10 @@ KNOBS: dict[str, Knob[Any]] = {
         lambda text: _choice(text, ("auto", "channels-last", "keep")),
         lambda: "auto",
         "Memory layout of convolution graphs: 'auto' (default) runs 2-D convolutions "
-        "and the kernels around them channels-last on CUDA, in inference and training; "
-        "'channels-last' does so on every device (CPU included); 'keep' leaves layouts "
-        "as the model gives them.",
+        "and the kernels around them channels-last on CUDA, in inference and training, "
+        "and on the CPU each convolution whose weight is no larger than its input; "
+        "'channels-last' runs every convolution channels-last on every device; 'keep' "
+        "leaves layouts as the model gives them.",
     ),
     "recompute": Knob(
         "EMBER_RECOMPUTE",
@@ -450,6 +451,17 @@ class EmberConfig:
 
         auto = tuple(name for name, defaults in DEFAULTS.items() if defaults.channels_last)
         return {"auto": auto, "channels-last": ("cuda", "cpu"), "keep": ()}[self.layout]
+
+    @property
+    def layout_by_convolution(self) -> tuple[str, ...]:
+        """The device types on which each convolution takes the layout its shapes
+        favour (ember.graphpasses.favours_channels_last; 'auto': those whose
+        `DeviceDefaults.channels_last_by_convolution` is set, the CPU's)."""
+        from ember.runtime.devices import DEFAULTS
+
+        if self.layout != "auto":
+            return ()
+        return tuple(n for n, d in DEFAULTS.items() if d.channels_last_by_convolution)
 
     @property
     def recompute(self) -> str:

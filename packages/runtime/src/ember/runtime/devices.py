@@ -40,7 +40,9 @@ class DeviceDefaults:
     (`EMBER_RECOMPUTE=cuda`, the default). `mincut`: split training graphs with the
     min-cut partitioner (`EMBER_PARTITIONER=auto`). `eager_backward`: compile a
     training graph's backward with its forward (`EMBER_BACKWARD=auto`).
-    `channels_last`: run convolution graphs channels-last (`EMBER_LAYOUT=auto`).
+    `channels_last`: run convolution graphs channels-last (`EMBER_LAYOUT=auto`);
+    `channels_last_by_convolution`: instead, each convolution in the layout its shapes
+    favour (ember.graphpasses.favours_channels_last).
     The reasons, with the measurements, are at each setting's use
     (ember.runtime.backend, ember.runtime.compiler)."""
 
@@ -48,6 +50,7 @@ class DeviceDefaults:
     mincut: bool = False
     eager_backward: bool = False
     channels_last: bool = False
+    channels_last_by_convolution: bool = False
 
 
 # On GPUs the fused kernels are bound by memory: recomputing cheap values and saving
@@ -57,7 +60,7 @@ DEFAULTS: dict[str, DeviceDefaults] = {
     "cuda": DeviceDefaults(
         recompute_shared=True, mincut=True, eager_backward=True, channels_last=True
     ),
-    "cpu": DeviceDefaults(),
+    "cpu": DeviceDefaults(channels_last_by_convolution=True),
 }
 
 
