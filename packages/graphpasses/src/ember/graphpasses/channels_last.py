@@ -141,8 +141,12 @@ def _numel(value: torch.Tensor) -> int:
     return int(numel)
 
 
-def _is_channels_last(value: torch.Tensor) -> bool:
-    return value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last)
+def _is_channels_last(value: torch.Tensor | None) -> bool:
+    return (
+        value is not None
+        and value.dim() == 4
+        and value.is_contiguous(memory_format=torch.channels_last)
+    )
 
 
 def _candidate(node: torch.fx.Node, devices: tuple[str, ...]) -> bool:
