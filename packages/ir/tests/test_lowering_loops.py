@@ -357,24 +357,26 @@ def test_symbolic_sizes_are_never_specialised() -> None:
         torch.testing.assert_close(out, fn(a, b))
 
 
-def _antialiased(x: torch.Tensor) -> torch.Tensor:
-    return F.interpolate(x, size=(3, 4), mode="bilinear", antialias=True)
+def _pool_gradient(x: torch.Tensor) -> torch.Tensor:
+    # the gradient of a 2x2 average pool (the pooled gradient `x`, a 10x12 input):
+    # an op with no lowering and no decomposition
+    plane = x.new_zeros(1, 2, 10, 12)
+    return torch.ops.aten.avg_pool2d_backward(x, plane, [2, 2], [2, 2], [0, 0], False, True, None)
 
 
 def test_fallbacks_off_names_op_and_node() -> None:
-    # antialiased bilinear resampling has no lowering
     with pytest.raises(
         LoweringError,
-        match=r"node '_upsample_bilinear2d_aa' \(aten._upsample_bilinear2d_aa.default\)",
+        match=r"node 'avg_pool2d_backward' \(aten.avg_pool2d_backward.default\)",
     ):
-        lower(_antialiased, torch.randn(1, 2, 5, 6))
+        lower(_pool_gradient, torch.randn(1, 2, 5, 6))
 
 
 def test_fallback_extern_consumes_realized_lazy_values() -> None:
     x = torch.randn(1, 2, 5, 6)
-    program = check(lambda x: _antialiased(x * 2) + 1, x, allow_fallback=True)
+    program = check(lambda x: _pool_gradient(x * 2) + 1, x, allow_fallback=True)
     (extern,) = program.extern_kernels()
-    assert extern.fallback and extern.op is torch.ops.aten._upsample_bilinear2d_aa.default
+    assert extern.fallback and extern.op is torch.ops.aten.avg_pool2d_backward.default
 
 
 def test_verifier_rejects_out_of_bounds_and_bad_dtypes() -> None:

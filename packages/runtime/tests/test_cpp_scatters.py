@@ -1,8 +1,8 @@
 """Compiled C++ kernels of index_reduce, scatter_reduce's mean, put, masked_scatter,
-as_strided_scatter, frexp, bilinear, max_pool2d's backward, embedding_bag and
-grid_sampler_3d against the IR interpreter and eager: duplicate indices, bfloat16,
-empty inputs, and eager's error for an index out of range. One compile for all the
-cases."""
+as_strided_scatter, frexp, bilinear, max_pool2d's backward, embedding_bag,
+grid_sampler_3d and antialiased resampling against the IR interpreter and eager:
+duplicate indices, bfloat16, empty inputs, and eager's error for an index out of
+range. One compile for all the cases."""
 
 from __future__ import annotations
 
@@ -57,6 +57,22 @@ def _grid_samples(x: torch.Tensor, g: torch.Tensor) -> Any:
 
 def _pool_backward(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     return aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, i)
+
+
+# an image wide enough for window centers in the hundreds, where the rounding of a
+# center moves its weights by 1e-5 (ember.ir.antialias)
+IMAGE = torch.randn(1, 2, 60, 456, generator=G) * 3
+
+
+def _antialiased(x: torch.Tensor) -> Any:
+    resize = F.interpolate
+    return (
+        resize(x, size=(25, 270), mode="bilinear", antialias=True),
+        resize(
+            x.to(memory_format=torch.channels_last), size=(90, 130), mode="bicubic", antialias=True
+        ),
+        resize(x, scale_factor=(0.3, 0.7), mode="bilinear", antialias=True, align_corners=True),
+    )
 
 
 CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
@@ -120,6 +136,7 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
                                    torch.randn(90, generator=G).bfloat16()), False),
     "grid_sampler_3d": (_grid_samples, (VOLUME, GRID), False),
     "grid_sampler_3d_bf16": (_grid_samples, (VOLUME.bfloat16(), GRID.bfloat16()), False),
+    "upsample_antialias": (_antialiased, (IMAGE,), False),
     "pool_backward": (_pool_backward, (torch.randn_like(POOLED[0]), torch.randn(2, 3, 9, 9),
                                        POOLED[1]), False),
 }  # fmt: skip

@@ -112,6 +112,23 @@ def _grid_samples(x: torch.Tensor, g: torch.Tensor) -> Any:
     )
 
 
+def _images(device: str) -> list[Any]:
+    """An image batch and a channels-last one."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, 3, 13, 17, generator=g), torch.randn(1, 4, 9, 6, generator=g)
+    return [x.to(device), y.to(memory_format=torch.channels_last).to(device)]
+
+
+def _antialiased(x: torch.Tensor, y: torch.Tensor) -> Any:
+    resize = torch.nn.functional.interpolate
+    return (
+        resize(x, size=(5, 7), mode="bilinear", antialias=True),
+        resize(x, scale_factor=(1.5, 0.4), mode="bicubic", antialias=True),
+        resize(x, size=(4, 17), mode="bilinear", antialias=True, align_corners=True),
+        resize(y, size=(4, 11), mode="bicubic", antialias=True),
+    )
+
+
 def _views(device: str) -> list[Any]:
     """Rows 1-3 and 3-5 of one base, at storage offsets 18 and 54. (Contiguous rows:
     the cases are traced without Dynamo, whose guards would also hold a view's row
@@ -287,6 +304,10 @@ CASES: dict[str, Case] = {
     # 3-d grid sampling: eight masked indirect loads per point (one for nearest), with
     # border and reflection padding
     "grid_sampler_3d": (_grid_samples, _volume_grid, {"atol": 1e-5}),
+    # antialiased resampling (ember.ir.antialias): per-axis weight tables, then the
+    # width and the height each a pointwise loop of masked indirect loads; downsampling
+    # by non-integer factors, upsampling, align_corners, one axis alone, channels-last
+    "upsample_antialias": (_antialiased, _images, {"atol": 1e-5}),
     "masked_softmax_prologue": (_safe_softmax, _masked_scores, {"atol": 1e-6}),
     "pointwise": (lambda x, y: (x * y + 1).sigmoid() - torch.tanh(x), _args((37, 5), (5,)), {}),
     "transpose": (lambda x: (x * 2).transpose(0, 1).contiguous(), _args((40, 24)), {}),

@@ -7,6 +7,7 @@ interpreter. Sits on ember.graphpasses; the scheduler consumes its Programs.
 
 # The lowering modules register their entries in LOWERINGS when imported.
 from ember.ir import (  # noqa: F401
+    antialias,
     arith,
     assemble,
     bags,
