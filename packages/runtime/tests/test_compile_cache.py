@@ -268,6 +268,11 @@ def test_a_graph_compiled_before_is_remembered_per_graph_inputs_and_settings(
         assert not compile_cache.seen_before(other, [x])
         with config.scope(layout="channels-last"):
             assert not compile_cache.seen_before(gm, [x])
+        from ember.runtime import cache
+
+        assert "warm-start hints" in cache.info()  # `ember cache info` names the store
+        cache.clear_cache()  # and `ember cache clear` empties it
+        assert not compile_cache.seen_before(gm, [x])
     with config.scope(cache_dir=tmp_path / "off", compile_cache=False):
         compile_cache.remember(gm, [x])
         assert not compile_cache.seen_before(gm, [x])

@@ -49,6 +49,7 @@ STORE_KINDS = {
     f"kernels/{FAILED_CPP_STORE}": "failed C++ compiles",
     "kernels/triton": "Triton kernel sources",
     "graphs": "compiled graphs (artifacts)",
+    "hints": "graphs compiled before (warm-start hints)",
 }
 MIB = 2**20
 
