@@ -237,3 +237,44 @@ def test_by_convolution_leaves_a_graph_alone_where_no_convolution_favours_it() -
     code = gm.code
     assert not channels_last_convolutions(devices=(), by_convolution=("cpu",))(gm).changed
     assert gm.code == code and count(gm, aten.clone.default) == 0
+
+
+class SlicedNarrowing(Narrowing):
+    """`Narrowing` with a strided slice between the two convolutions: the slice of
+    converted (channels-last) data is neither channels-last nor contiguous, and the
+    late convolution must still get NCHW back."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.early(x))[:, :, ::2, ::2]
+        return self.late(y) * 2
+
+
+def test_by_convolution_converts_a_strided_slice_of_converted_data_back() -> None:
+    model = SlicedNarrowing().eval()
+    model.late = nn.Conv2d(8, 64, 3, padding=1)  # weight 4608 > sliced input 2*8*8*8
+    captured = aot_capture(model, torch.randn(2, 8, 16, 16))
+    gm = captured.graph("inference")
+    before = _run(gm, captured.inputs["inference"])
+    assert channels_last_convolutions(devices=(), by_convolution=("cpu",))(gm).changed
+    convs = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert convs[1].args[0].meta["val"].is_contiguous()
+    after = _run(gm, captured.inputs["inference"])
+    for node, a, b in zip(
+        next(n for n in gm.graph.nodes if n.op == "output").args[0], after, before, strict=True
+    ):
+        assert a.stride() == b.stride() == node.meta["val"].stride()  # as inferred
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # what each convolution returns at run time is what its fake value says
+    values = {}
+    interpreter = torch.fx.Interpreter(gm)
+    original_run_node = interpreter.run_node
+
+    def run_node(n: torch.fx.Node) -> object:
+        result = original_run_node(n)
+        values[n] = result
+        return result
+
+    interpreter.run_node = run_node  # type: ignore[method-assign]
+    interpreter.run(*[x.clone() for x in captured.inputs["inference"]])
+    for conv in convs:
+        assert values[conv].stride() == conv.meta["val"].stride(), conv.name

@@ -256,24 +256,30 @@ def test_a_graph_compiled_before_is_remembered_per_graph_inputs_and_settings(
 ) -> None:
     """The hint that lets a warm process skip starting the compile workers: found for
     the same Dynamo graph and inputs, not for other sizes, other settings or another
-    graph; nothing is read or written with the cache off."""
+    graph; none for inputs it cannot describe without their values; nothing is read
+    or written with the cache off; `ember cache info` names the store and `ember cache
+    clear` empties it."""
+    from ember.runtime import cache
+
     gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) * 2)
     other = torch.fx.symbolic_trace(lambda x: torch.relu(x) * 3)
     x = torch.randn(4, 8)
     with config.scope(cache_dir=tmp_path, compile_cache=True):
-        assert not compile_cache.seen_before(gm, [x])
-        compile_cache.remember(gm, [x])
-        assert compile_cache.seen_before(gm, [x])
-        assert not compile_cache.seen_before(gm, [torch.randn(5, 8)])
-        assert not compile_cache.seen_before(other, [x])
+        hint = compile_cache.warm_hint(gm, [x])
+        assert hint is not None and not compile_cache.seen(hint)
+        compile_cache.remember(hint)
+        assert compile_cache.seen(compile_cache.warm_hint(gm, [x]))
+        assert not compile_cache.seen(compile_cache.warm_hint(gm, [torch.randn(5, 8)]))
+        assert not compile_cache.seen(compile_cache.warm_hint(other, [x]))
         with config.scope(layout="channels-last"):
-            assert not compile_cache.seen_before(gm, [x])
-        from ember.runtime import cache
-
-        assert "warm-start hints" in cache.info()  # `ember cache info` names the store
-        cache.clear_cache()  # and `ember cache clear` empties it
-        assert not compile_cache.seen_before(gm, [x])
+            assert not compile_cache.seen(compile_cache.warm_hint(gm, [x]))
+        assert compile_cache.warm_hint(gm, [[x]]) is None  # nested: described by values
+        assert compile_cache.warm_hint(gm, [x.to_sparse()]) is None
+        assert "warm-start hints" in cache.info()
+        cache.clear_cache()
+        assert not compile_cache.seen(hint)
     with config.scope(cache_dir=tmp_path / "off", compile_cache=False):
-        compile_cache.remember(gm, [x])
-        assert not compile_cache.seen_before(gm, [x])
+        assert compile_cache.warm_hint(gm, [x]) is None
+        compile_cache.remember(hint)
+        assert not compile_cache.seen(hint)
     assert not (tmp_path / "off").exists()

@@ -238,8 +238,16 @@ def _convert(
         source = clone.args[0]
         value = tensor_value(source) if isinstance(source, torch.fx.Node) else None
         to_nhwc = clone.kwargs["memory_format"] is torch.channels_last
+        # (back to NCHW: dropped where the source is NCHW already or kept the strides
+        # it came with; not where it is merely not channels-last: a strided slice of
+        # converted data is neither, and its convolution's output would not have the
+        # strides inferred for it)
+        original = saved.get(source) if isinstance(source, torch.fx.Node) else None
+        unchanged = isinstance(original, torch.Tensor) and (
+            value is not None and value.stride() == original.stride()
+        )
         if value is not None and (
-            _is_channels_last(value) if to_nhwc else not _is_channels_last(value)
+            _is_channels_last(value) if to_nhwc else value.is_contiguous() or unchanged
         ):
             clone.replace_all_uses_with(source)  # type: ignore[arg-type]  # a Node
             graph.erase_node(clone)

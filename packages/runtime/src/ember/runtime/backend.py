@@ -240,9 +240,10 @@ def _aot_call(
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
     device_type = "cuda" if on_cuda else "cpu"
-    dynamo_graph = gm
+    # taken before the attention rewrite below, which edits gm in place
+    hint = compile_cache.warm_hint(gm, example_inputs) if on_cuda else None
     if config.kernels == "auto" and on_cuda:
-        if not compile_cache.seen_before(gm, example_inputs):
+        if not compile_cache.seen(hint):
             # the workers start (and warm up) while AOTAutograd traces; a graph
             # compiled before is likely all in the cache, and they start at the
             # first compile, if one comes (ember.runtime.triton_kernels.Precompiler)
@@ -278,7 +279,7 @@ def _aot_call(
         else:
             compiled = _aot(gm, example_inputs, options)
     if config.kernels == "auto" and on_cuda:
-        compile_cache.remember(dynamo_graph, example_inputs)
+        compile_cache.remember(hint)
     return compiled
 
 

@@ -118,34 +118,54 @@ def graph_key(
     return digest.hexdigest()[:40]
 
 
-def seen_before(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Whether a process with this cache compiled Dynamo's graph `gm` for inputs like
-    `example_inputs` under the current settings before (`remember`). A hint only: its
-    graphs are then likely all in the cache, so the backend does not start the Triton
-    compile workers ahead of time (they start at the first compile instead). Starting
-    15 of them and hashing Triton beside a call that only loads from the cache took
-    about 0.6 s of its wall time (MLP, H100: 1.1-1.3 s first call against 0.5-0.6 s
-    without); a wrong hint costs the compile that follows a worker start, never a
-    result."""
+def warm_hint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """The key under which a process notes that it compiled Dynamo's graph `gm` for
+    inputs like `example_inputs` under the current settings (`remember`), or None
+    with the cache off or where no key can be made (an input ember cannot describe
+    without its values: nested or sparse inputs). Take it before anything rewrites
+    `gm` in place (the backend's attention rewrite does).
+
+    A hint only: a graph seen before is likely all in the cache, so the backend does
+    not start the Triton compile workers ahead of its trace (they start at the first
+    compile instead). Starting 15 of them and hashing Triton beside a call that only
+    loads from the cache took about 0.6 s of its wall time (MLP, H100: 1.1-1.3 s
+    first call against 0.5-0.6 s without); a wrong hint costs the compile that
+    follows a worker start, never a result."""
     if not enabled():
+        return None
+    if any(
+        isinstance(x, list | tuple | dict)
+        or (isinstance(x, torch.Tensor) and x.layout != torch.strided)
+        for x in example_inputs
+    ):
+        return None
+    try:
+        return _hint_key(gm, example_inputs)
+    except Exception as exc:  # a hint is an optimisation: never fail the compile for it
+        log.debug("no compile hint for %s: %s", type(gm).__name__, exc)
+        return None
+
+
+def seen(hint: str | None) -> bool:
+    """Whether a process with this cache noted `hint` (`warm_hint`) before."""
+    if hint is None or not enabled():
         return False
     try:
-        return _hints().get(_hint_key(gm, example_inputs)) is not None
+        return _hints().get(hint) is not None
     except OSError:
         return False
 
 
-def remember(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-    """Note that this process compiled `gm` (see `seen_before`)."""
-    if not enabled():
+def remember(hint: str | None) -> None:
+    """Note `hint` (`warm_hint`): this process compiled its graph."""
+    if hint is None or not enabled():
         return
     try:
         hints = _hints()
-        key = _hint_key(gm, example_inputs)
-        if hints.get(key) is None:
-            hints.put(key, {"seen": b""})
+        if hints.get(hint) is None:
+            hints.put(hint, {"seen": b""})
     except OSError as exc:
-        log.debug("no compile hint for %s: %s", type(gm).__name__, exc)
+        log.debug("compile hint %s not written: %s", hint, exc)
 
 
 def _hints() -> EntryStore:

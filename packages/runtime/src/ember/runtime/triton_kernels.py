@@ -249,7 +249,7 @@ class Precompiler:
     def _open(self, target: tuple[str, int, int]) -> compile_pool.CompileSession:
         """The session, started at the first job. The workers are started here too,
         where the backend left them for a graph it expected in the cache
-        (`compile_cache.seen_before`); starting them is done once per process."""
+        (`compile_cache.warm_hint`); starting them is done once per process."""
         if self._session is None:
             compile_pool.start(target)
             self._session = compile_pool.CompileSession(threads=8)
