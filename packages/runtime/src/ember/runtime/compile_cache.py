@@ -86,13 +86,8 @@ def graph_key(
     gm: torch.fx.GraphModule, static_inputs: Sequence[int], devices: set[torch.device]
 ) -> str:
     """The cache key of compiling `gm` here with the current settings."""
-    digest = hashlib.sha256()
-
-    def add(*parts: object) -> None:
-        for part in parts:
-            digest.update(str(part).encode())
-            digest.update(b"\0")
-
+    digest = _Digest()
+    add = digest.add
     add("graph", _graph_code(gm))
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -100,8 +95,7 @@ def graph_key(
         elif node.op == "get_attr":
             add("attr", node.target, _describe(_attribute(gm, str(node.target)), values=True))
     add("static", list(static_inputs))
-    add("settings", [(name, config.get(name)) for name in KEYED_SETTINGS])
-    add("versions", sorted(versions().items()))
+    _add_settings(digest)
     for device in sorted(devices, key=str):
         if device.type == "cuda":  # capability, and the SM count that sizes split reductions
             add("cuda", device, cuda_properties(device))
@@ -115,7 +109,28 @@ def graph_key(
             add("cpu_gemm", rule_key(config.cpu_gemm))
             if config.kernels == "auto":
                 add("cpu", _cpu_target())
-    return digest.hexdigest()[:40]
+    return digest.key()
+
+
+class _Digest:
+    """A key's hash: each part as its text and a NUL, in order."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+
+    def add(self, *parts: object) -> None:
+        for part in parts:
+            self._sha.update(str(part).encode())
+            self._sha.update(b"\0")
+
+    def key(self) -> str:
+        return self._sha.hexdigest()[:40]
+
+
+def _add_settings(digest: _Digest) -> None:
+    """The settings that change a compiled artifact, and the versions: in every key."""
+    digest.add("settings", [(name, config.get(name)) for name in KEYED_SETTINGS])
+    digest.add("versions", sorted(versions().items()))
 
 
 def warm_hint(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
@@ -175,16 +190,11 @@ def _hints() -> EntryStore:
 
 
 def _hint_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
-    digest = hashlib.sha256()
-    for part in (
-        _graph_code(gm),
-        [_describe(x) for x in example_inputs],
-        [(name, config.get(name)) for name in KEYED_SETTINGS],
-        sorted(versions().items()),
-    ):
-        digest.update(str(part).encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:40]
+    digest = _Digest()
+    digest.add("graph", _graph_code(gm))
+    digest.add("inputs", [_describe(x) for x in example_inputs])
+    _add_settings(digest)
+    return digest.key()
 
 
 def _graph_code(gm: torch.fx.GraphModule) -> str:
