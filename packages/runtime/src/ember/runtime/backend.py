@@ -240,9 +240,10 @@ def _aot_call(
     cuda = [x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda]
     on_cuda = bool(cuda)
     device_type = "cuda" if on_cuda else "cpu"
-    # taken before the attention rewrite below, which edits gm in place
-    hint = compile_cache.warm_hint(gm, example_inputs) if on_cuda else None
+    # the warm-start hint, taken before the attention rewrite below edits gm in place
+    hint = None
     if config.kernels == "auto" and on_cuda:
+        hint = compile_cache.warm_hint(gm, example_inputs)
         if not compile_cache.seen(hint):
             # the workers start (and warm up) while AOTAutograd traces; a graph
             # compiled before is likely all in the cache, and they start at the
@@ -278,8 +279,7 @@ def _aot_call(
             compiled = aot_autograd(**options)(gm, example_inputs, **kwargs)
         else:
             compiled = _aot(gm, example_inputs, options)
-    if config.kernels == "auto" and on_cuda:
-        compile_cache.remember(hint)
+    compile_cache.remember(hint)  # None (nothing noted) but for CUDA graphs
     return compiled
 
 
