@@ -194,11 +194,11 @@ def _convert(
 ) -> int:
     mode = fake_mode_of(gm)
     wanted = {n: w for n in gm.graph.nodes if (w := _wanted(n, devices, by_convolution))}
-    convolutions = [
-        n
-        for n, w in wanted.items()
-        if w is torch.channels_last and not _is_channels_last(tensor_value(n.args[0]))
-    ]
+    # inputs already channels-last are left as they are (the model's own layout); the
+    # conversions back to NCHW, before convolutions that favour it, are dropped below
+    # where no conversion to channels-last reaches them
+    targets = [n for n in wanted if not _is_channels_last(tensor_value(n.args[0]))]
+    convolutions = [n for n in targets if wanted[n] is torch.channels_last]
     if mode is None or not convolutions or not _inferable(gm):
         return 0
     graph = gm.graph
@@ -206,14 +206,7 @@ def _convert(
     (output,) = [n for n in graph.nodes if n.op == "output"]
     promised = [(arg, tensor_value(arg)) for arg in pytree.tree_leaves(output.args)]
     made: list[torch.fx.Node] = []
-    # back to NCHW before a convolution that favours it, where an earlier one's
-    # conversion would reach it (dropped below where none does)
-    backs_in = [
-        n
-        for n, w in wanted.items()
-        if w is torch.contiguous_format and not _is_channels_last(tensor_value(n.args[0]))
-    ]
-    for conv in convolutions + backs_in:
+    for conv in targets:
         source = conv.args[0]
         assert isinstance(source, torch.fx.Node)
         with graph.inserting_before(conv):
@@ -264,10 +257,8 @@ def _convert(
         and (value := tensor_value(arg)) is not None
         and value.stride() != old.stride()
     ]
-    if (
-        not made
-        or not rule.allows([old for _, old in changed], inputs)
-        or any(not old.is_contiguous() for _, old in changed)
+    if not rule.allows([old for _, old in changed], inputs) or any(
+        not old.is_contiguous() for _, old in changed
     ):
         _undo(gm, made, saved)
         return 0
