@@ -15,7 +15,9 @@ prints, per thread group, the functions that were on the stack for the most wall
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
+import gc
 import os
 import re
 import subprocess
@@ -63,11 +65,25 @@ class Sampler(threading.Thread):
         self.interval = interval
         self.samples: list[tuple[float, dict[int, list[str]]]] = []
         self.stop = threading.Event()
+        # sampling gaps: (start, seconds, CPU seconds per OS thread during the gap)
+        self.gaps: list[tuple[float, float, list[tuple[float, str]]]] = []
 
     def run(self) -> None:
         me = threading.get_ident()
+        last, cpu = time.perf_counter(), _thread_cpu()
         while not self.stop.is_set():
             now = time.perf_counter()
+            if now - last > _GAP_S:  # nothing let this thread run: who did?
+                after = _thread_cpu()
+                used = sorted(
+                    ((after[t][0] - cpu.get(t, (0.0, ""))[0], after[t][1]) for t in after),
+                    reverse=True,
+                )
+                self.gaps.append((last, now - last, used[:4]))
+                cpu = after
+            elif len(self.samples) % 20 == 0:
+                cpu = _thread_cpu()
+            last = now
             stacks: dict[int, list[str]] = {}
             for ident, frame in sys._current_frames().items():
                 if ident == me:
@@ -81,6 +97,103 @@ class Sampler(threading.Thread):
                 stacks[ident] = names
             self.samples.append((now, stacks))
             time.sleep(self.interval)
+
+
+_GAP_S = 0.2
+
+
+def _thread_cpu() -> dict[int, tuple[float, str]]:
+    """CPU seconds so far and a name, per OS thread of this process (Linux /proc)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[float, str]] = {}
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        tid = int(task.name)
+        found[tid] = ((int(fields[11]) + int(fields[12])) / tick, names.get(tid, comm))
+    return found
+
+
+def gaps(sampler: Sampler, start: float) -> None:
+    """The intervals in which the sampler itself could not run (the GIL held by C
+    code, or the process stopped), with the OS threads that used CPU meanwhile (the
+    CPU counts are read every 20 samples, so a thread's figure may include up to 20
+    intervals before the gap)."""
+    if not sampler.gaps:
+        return
+    print(
+        f"\n== sampling gaps over {_GAP_S} s: {len(sampler.gaps)}, "
+        f"{sum(g for _, g, _ in sampler.gaps):.2f} s in all"
+    )
+    main = threading.main_thread().ident or 0
+    times = [t for t, _ in sampler.samples]
+    for begin, seconds, used in sorted(sampler.gaps, key=lambda g: -g[1])[:10]:
+        busy = ", ".join(f"{name} {cpu:.2f}" for cpu, name in used)
+        print(f"  {begin - start:6.2f} s  +{seconds:5.2f} s   CPU s: {busy}")
+        at = bisect.bisect_right(times, begin + seconds / 2)  # the first sample after
+        for label, index in (("before", at - 1), ("after", at)):
+            if 0 <= index < len(times):
+                stack = sampler.samples[index][1].get(main, [])
+                print(f"      main {label}: " + " < ".join(stack[:5]))
+
+
+_collections: list[tuple[int, float, float]] = []  # (generation, start, seconds)
+_collecting: list[float] = []
+
+
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _collecting[:] = [time.perf_counter()]
+    elif _collecting:
+        begun = _collecting.pop()
+        _collections.append((info["generation"], begun, time.perf_counter() - begun))
+
+
+def collections_report(start: float) -> None:
+    """CPython's cyclic garbage collections during the call, per generation."""
+    print("\n== garbage collections (generation: count, seconds, longest; then the longest)")
+    for generation in range(3):
+        took = [s for g, b, s in _collections if g == generation and b >= start]
+        if took:
+            print(f"  gen{generation}: {len(took)}, {sum(took):.2f} s, longest {max(took):.3f} s")
+    full = sorted((s, b) for g, b, s in _collections if g == 2 and b >= start)
+    for seconds, begun in full[::-1][:6]:
+        print(f"  full collection at {begun - start:6.2f} s took {seconds:.2f} s")
+    print(f"  objects tracked at the end: {len(gc.get_objects())}")
+
+
+_slow_c_calls: list[tuple[float, str, str]] = []  # (seconds, C function, its caller)
+
+
+def _watch_c_calls(threshold: float) -> Callable[..., None]:
+    """A profile hook (main thread) that notes every call into C code whose own time
+    (less the Python code it calls back) is over `threshold` seconds: what a sampling
+    gap cannot show, the call that held the GIL (or waited)."""
+    stack: list[list[Any]] = []  # [is C, start, seconds spent in Python callbacks]
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        now = time.perf_counter()
+        if event in ("call", "c_call"):
+            stack.append([event == "c_call", now, 0.0])
+            return
+        if not stack:
+            return
+        is_c, begun, inside = stack.pop()
+        if stack and stack[-1][0] and not is_c:  # Python called back from C
+            stack[-1][2] += now - begun
+        if is_c and now - begun - inside > threshold:
+            name = getattr(arg, "__qualname__", None) or repr(arg)
+            module = getattr(arg, "__module__", None) or ""
+            code = frame.f_code
+            caller = f"{_short(code.co_filename)}:{code.co_name}:{frame.f_lineno}"
+            _slow_c_calls.append((now - begun - inside, f"{module}.{name}", caller))
+
+    return hook
 
 
 def _short(path: str) -> str:
@@ -198,6 +311,13 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.005)
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument(
+        "--c-calls",
+        type=float,
+        default=0.0,
+        help="list the main thread's calls into C longer than this many seconds "
+        "(a profile hook: the call runs slower)",
+    )
+    parser.add_argument(
         "--keep",
         default=r"ember/|triton/|_find_and_load$|aot_autograd.py|partitioners.py|"
         r"convert_frame.py:_compile_inner|output_graph.py:call_user_compiler",
@@ -214,12 +334,16 @@ def main() -> None:
     jobs = _time_worker_jobs()
     compiled = torch.compile(model, backend=args.backend)
     step = step_fn(compiled, inputs, args.mode)  # type: ignore[arg-type]
+    gc.callbacks.append(_on_collection)
     sampler = Sampler(args.interval)
     sampler.start()
     # a marker for `python -X importtime`'s log: the imports after it are the first call's
     print("ember-cold-timeline: first call starts", file=sys.stderr, flush=True)
+    if args.c_calls:
+        sys.setprofile(_watch_c_calls(args.c_calls))
     start = time.perf_counter()
     step()
+    sys.setprofile(None)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -248,6 +372,12 @@ def main() -> None:
         stats = {k: round(v, 2) for k, v in triton_kernels.precompile_stats.items()}
         print(f"  precompile: {stats}; busy: {compile_pool.busy_seconds}")
     phases(sampler, threading.main_thread().ident or 0, start)
+    gaps(sampler, start)
+    collections_report(start)
+    if args.c_calls:
+        print(f"\n== main thread's calls into C over {args.c_calls} s: {len(_slow_c_calls)}")
+        for took, name, caller in sorted(_slow_c_calls, reverse=True)[: args.top]:
+            print(f"  {took:6.2f} s  {name}  from {caller}")
     report(sampler, threading.main_thread().ident or 0, args.top, args.keep)
 
 

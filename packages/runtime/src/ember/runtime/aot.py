@@ -123,6 +123,7 @@ from ember.runtime.artifact import (
     verified_files,
     versions,
 )
+from ember.runtime.collection import full_collections_deferred
 from ember.runtime.pyexpr import pyexpr, symbol_name
 
 FORMAT = 1
@@ -204,7 +205,7 @@ def compile_and_package(
     weights, weight_entries = _lift_weights(ep, placeholders, weight_positions)
     mutations, user_outputs, outputs = _describe_outputs(ep, gm, users, weight_positions)
     example_inputs = [n.meta.get("val") for n in placeholders]
-    with config.scope(strict=True):
+    with config.scope(strict=True), full_collections_deferred():
         compiled = compile_graph(gm, example_inputs, name="package", static_inputs=weight_positions)
     artifact = compiled.record.artifact
     if artifact is None:

@@ -33,6 +33,7 @@ from ember.graphpasses import (
 )
 from ember.graphpasses.graph_edit import output_node
 from ember.runtime import compile_cache, compile_pool
+from ember.runtime.collection import full_collections_deferred
 from ember.runtime.compiler import compile_graph
 from ember.runtime.config import KNOBS, EmberConfigError, config
 from ember.runtime.devices import defaults_for
@@ -56,7 +57,7 @@ def _compile_kind(
     """One graph of a backend call, compiled with the settings of that call: a backward
     compiled lazily, at the first backward call, uses its forward's settings, not
     whatever the environment or a `config.scope` says by then."""
-    with config.frozen(settings):
+    with config.frozen(settings), full_collections_deferred():
         static = _static_inputs() if kind != "backward" else ()
         # a forward lends what it saves for the backward, a backward its gradients
         # (autograd moves them into `.grad`), an inference graph its results (a caller
@@ -227,7 +228,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
     mode, options = kwargs.pop("mode", None), kwargs.pop("options", None)
     kwargs.pop("name", None)  # torch.compile's name for the compiled region
     settings = call_settings(mode, options)
-    with config.frozen(settings):
+    with config.frozen(settings), full_collections_deferred():
         return _aot_call(gm, example_inputs, settings, kwargs)
 
 
