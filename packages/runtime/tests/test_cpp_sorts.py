@@ -1,4 +1,4 @@
-"""Compiled C++ sort kernels (sort, argsort, topk) against the IR interpreter and eager:
+"""Compiled C++ sort kernels (sort, argsort, topk, median) against the IR interpreter and eager:
 rows and columns, both directions, NaN and ties, int and bool, half types, strided,
 long, empty and symbolic sizes."""
 
@@ -72,6 +72,22 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...], bool]] = {
     ),
     "strided": (lambda x: _stable(1)(x.transpose(0, 2)[:, ::3]), (torch.randn(40, 30, 20),), False),
     "empty": (lambda x: (torch.sort(x, 1), torch.topk(x, 0, 0)), (torch.randn(0, 9),), False),
+    # the median of all elements: NaN where any is; the lower middle of an even count
+    "median": (
+        lambda x, n, h: (
+            torch.median(x),
+            torch.median(x[10:20]),
+            torch.median(x[10:20, :7].t()),
+            torch.median(n),
+            torch.median(h),
+        ),
+        (
+            _ties_and_nans(),
+            torch.randint(-50, 50, (6, 7), dtype=torch.int32),
+            torch.randn(4, 25).bfloat16(),
+        ),
+        False,
+    ),
     "dynamic": (lambda x: (_stable(1)(x), torch.topk(x, 1, 0)), (torch.randn(6, 50),), True),
 }
 OTHER_INPUTS = {"dynamic": [(torch.randn(3, 700),), (torch.randn(100, 2),)]}

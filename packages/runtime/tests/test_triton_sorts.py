@@ -71,6 +71,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str,
         {},
     ),
     "ties_nans": (lambda x: (_stable(1)(x), _stable(1, True)(x), _stable(0)(x)), _ties, {}),
+    "median": (lambda x: (torch.median(x[:3]), torch.median(x[3:])), _ties, {}),
     "unstable": (lambda x: torch.sort(x, 1, descending=True), _ties, {"eager": False}),
     "ints": (
         lambda x: (
@@ -140,8 +141,11 @@ def test_sort_kernel_in_interpreter(case: str, interpreted: dict[str, dict[str, 
 
 
 def test_one_sort_kernel_per_sort(interpreted: dict[str, dict[str, Any]]) -> None:
-    assert {k for r in interpreted.values() for k in r.get("kinds", [])} == {"sort"}
+    sorts_only = {k for n, r in interpreted.items() if n != "median" for k in r.get("kinds", [])}
+    assert sorts_only == {"sort"}
     assert interpreted["topk"]["kernels"] == 2  # values and indices together, per topk
+    # a median: one sort (its positions unused), then a pointwise pick of the middle
+    assert sorted(interpreted["median"]["kinds"]) == ["pointwise", "pointwise", "sort", "sort"]
 
 
 @pytest.mark.cuda

@@ -33,7 +33,7 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
         for kind in ("flash_attention", "efficient_attention", "cudnn_attention",
                      "flash_attention_for_cpu")
         for suffix in ("", "_backward")
-    ),
+    ) + ("_flash_attention_forward", "_efficient_attention_forward"),  # the kernels under them
     # LAPACK/cuSOLVER factorizations and solvers: iterative, pivoting, not loop nests
     "linalg": ("cholesky", "linalg_cholesky_ex", "linalg_eig", "_linalg_eigh", "linalg_inv_ex",
                "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lstsq", "linalg_lu",
@@ -44,7 +44,8 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
                "lu_unpack", "linalg_pinv", "linalg_polar", "linalg_matrix_sqrth"),
     # FFT libraries (pocketfft, cuFFT); complex results are outside the loop IR
     "fft": ("_fft_r2c", "_fft_c2c", "_fft_c2r"),
-    # selection and searching not yet lowered (sort and topk are: ember.ir.sort)
+    # selection and searching not yet lowered (sort, topk and the median of all
+    # elements are: ember.ir.sort; listed here, `median` covers its per-dim form)
     "selection": ("kthvalue", "median", "nanmedian", "mode", "searchsorted", "bucketize",
                   "_unique2", "unique_consecutive", "unique_dim"),
     # results whose size depends on the data: the IR's sizes are known before running;

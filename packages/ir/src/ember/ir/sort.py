@@ -1,5 +1,6 @@
-"""Lowerings of sorting ops: sort (stable or not, any dim, either direction) and topk;
-argsort and msort reach here as sort through the decompositions.
+"""Lowerings of sorting ops: sort (stable or not, any dim, either direction), topk, and
+the median of all elements; argsort and msort reach here as sort through the
+decompositions.
 
 Each becomes two `Sort` loop nodes (ember.ir.loops) over the same input, the values and
 the indices, which the scheduler runs as one kernel (codegens sort once and store
@@ -25,6 +26,7 @@ import sympy
 import torch
 import torch.fx
 
+from ember.ir.expr import Where
 from ember.ir.layout import Layout
 from ember.ir.loops import Sort
 from ember.ir.lowering import (
@@ -35,8 +37,9 @@ from ember.ir.lowering import (
     register_lowering,
 )
 from ember.ir.symbolic import as_expr, index_var, static_int
+from ember.ir.pointwise import op
 from ember.ir.tensor import LazyTensor, const
-from ember.ir.views import norm_dim
+from ember.ir.views import norm_dim, reshape_map, view_of
 
 aten = torch.ops.aten
 
@@ -136,3 +139,30 @@ def lower_topk(lowering: GraphLowering, node: torch.fx.Node) -> object:
     dim = args[2] if args[2] is not None else node.kwargs.get("dim", -1)
     largest = args[3] if args[3] is not None else node.kwargs.get("largest", True)
     return _lower(lowering, node, dim, bool(largest))
+
+
+@register_lowering(aten.median.default)
+def lower_median(lowering: GraphLowering, node: torch.fx.Node) -> object:
+    """The lower middle of all elements in sorted order, or NaN where there is one:
+    NaNs sort last, so the last sorted value is NaN exactly when any is. One sort of
+    the flattened input; the positions it also makes are dead code. An empty input
+    stays the ATen call (eager returns NaN)."""
+    source = lowering.tensor(node.args[0])
+    if source.dtype.is_complex:
+        raise NotLowerable("a median of complex values")
+    count = sympy.Integer(1)
+    for extent in source.size:
+        count = count * extent
+    flat = view_of(source, (count,), reshape_map(source.size, (count,)))
+    reason = _too_long(lowering, flat, 0)
+    if reason is not None:
+        return lowering.intentional_extern(node, reason)
+    length = static_int(count)
+    if not length:
+        return lowering.intentional_extern(node, "the median of no element")
+    values, _ = sort_rows(lowering, flat, 0, count, False)
+    middle = values.loader([sympy.Integer((length - 1) // 2)])
+    if source.dtype.is_floating_point:
+        last = values.loader([sympy.Integer(length - 1)])
+        middle = Where(op("isnan", last), last, middle)
+    return LazyTensor(source.device, source.dtype, (), lambda index: middle)
