@@ -135,6 +135,14 @@ def _x(*shape: int) -> torch.Tensor:
             {},
         ),
         ("special_float64", lambda x: torch.special.airy_ai(x), (randn(64).double(),), {}),
+        # the incomplete gamma functions: three float64 loops per block, libdevice in
+        # float64, bfloat16 values in and out
+        (
+            "igamma",
+            lambda a, x: (torch.igamma(a, x), torch.igammac(a, x)),
+            (_x(64).abs(), _x(64).abs()),
+            {},
+        ),
         # one element: the loads are 0-d values, and a block-wide loop condition must
         # still reduce over a dimension (Triton 3.6 rejects a reduction of a 0-d value)
         (
