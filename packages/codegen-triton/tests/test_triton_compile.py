@@ -32,6 +32,9 @@ _POINTER = {
     torch.int64: "*i64",
     torch.bool: "*i1",
     torch.float64: "*fp64",
+    torch.float16: "*fp16",
+    torch.int8: "*i8",
+    torch.int16: "*i16",
 }
 
 
@@ -70,6 +73,10 @@ def _compile(fn: Any, *args: Any, debug: bool = False, **render: Any) -> str:
         assert compiled.asm["cubin"]
         kinds.append(rendered.kind)
     return "+".join(kinds)
+
+
+def _index_reduce(reduce: str) -> Any:
+    return lambda x, y, z: x.index_reduce(0, y, z, reduce)
 
 
 def _x(*shape: int) -> torch.Tensor:
@@ -128,6 +135,14 @@ def _x(*shape: int) -> torch.Tensor:
             {},
         ),
         ("special_float64", lambda x: torch.special.airy_ai(x), (randn(64).double(),), {}),
+        # the incomplete gamma functions: three float64 loops per block, libdevice in
+        # float64, bfloat16 values in and out
+        (
+            "igamma",
+            lambda a, x: (torch.igamma(a, x), torch.igammac(a, x)),
+            (_x(64).abs(), _x(64).abs()),
+            {},
+        ),
         # one element: the loads are 0-d values, and a block-wide loop condition must
         # still reduce over a dimension (Triton 3.6 rejects a reduction of a 0-d value)
         (
@@ -141,6 +156,24 @@ def _x(*shape: int) -> torch.Tensor:
             lambda x, y, z: x.index_add(0, y, z),
             (randn(10, 8), torch.tensor([1, 1]), randn(2, 8)),
             {},
+        ),
+        # the compare-and-swap loops: on the element (32 and 64 bits) and on the 32-bit
+        # word holding it (8 and 16 bits)
+        *(
+            (
+                f"scatter_{reduce}_{str(dtype)[6:]}",
+                _index_reduce(reduce),
+                (randn(10, 8).to(dtype), torch.tensor([1, 1, 3]), randn(3, 8).to(dtype)),
+                {},
+            )
+            for reduce, dtype in [
+                ("prod", torch.bfloat16),
+                ("amax", torch.float16),
+                ("amin", torch.float32),
+                ("prod", torch.float64),
+                ("prod", torch.int8),
+                ("amax", torch.int16),
+            ]
         ),
     ],
 )

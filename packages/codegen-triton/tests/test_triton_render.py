@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -33,14 +34,15 @@ def test_every_op_is_rendered_or_listed_unsupported() -> None:
             assert template is None or "\n" not in template
 
 
-def test_unsupported_op_names_op_and_kernel() -> None:
+def test_unsupported_op_names_op_and_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(UNSUPPORTED, "hypot", "no rendering (for the test)")
     kernel = fused_kernels(lambda x: torch.exp(x) + 1, randn(8))[0]
     member = kernel.members[0]
-    body = Op("igamma", (member.body, member.body), torch.float32)
+    body = Op("hypot", (member.body, member.body), torch.float32)
     broken = replace(kernel, members=(replace(member, body=body),))
-    with pytest.raises(UnsupportedKernelError, match=r"igamma") as info:
+    with pytest.raises(UnsupportedKernelError, match=r"hypot") as info:
         render_kernel(broken)
-    assert "igamma" in str(info.value) and kernel.name in str(info.value)
+    assert "for the test" in str(info.value) and kernel.name in str(info.value)
 
 
 def test_special_function_helpers_are_emitted_with_their_callees() -> None:
@@ -59,13 +61,51 @@ def test_special_function_helpers_are_emitted_with_their_callees() -> None:
     ast.parse(source)
 
 
-def test_prod_scatter_is_refused_clearly() -> None:
+def _combining_scatter(reduce: str, dtype: torch.dtype) -> str:
+    """The sources of the scatter kernels combining `reduce` into `dtype` elements."""
+    x = torch.ones(10, 8).to(dtype)
+    v = torch.ones(3, 8).to(dtype)
+    kernels = fused_kernels(
+        lambda x, i, v: x.index_reduce(0, i, v, reduce), x, torch.tensor([1, 1, 4]), v
+    )
+    combining = [k for k in kernels if any(m.scatter_reduce for m in k.members)]
+    assert combining
+    return "".join(render_kernel(k).source for k in combining)
+
+
+@pytest.mark.parametrize(
+    ("reduce", "dtype", "call"),
+    [
+        ("prod", torch.float32, "ember_scatter_cas(a0_ptr, "),
+        ("prod", torch.int64, "tl.int64)"),
+        ("prod", torch.bfloat16, "'prod', tl.bfloat16, tl.uint16)"),
+        ("amax", torch.float16, "'max', tl.float16, tl.uint16)"),
+        ("amin", torch.float32, "'min', tl.int32)"),  # Triton's float atomics lose NaN
+        ("amin", torch.float64, "'min', tl.int64)"),
+        ("prod", torch.int8, "'prod', tl.int8, tl.uint8)"),
+        ("amax", torch.int32, "tl.atomic_max(a0_ptr"),
+        ("mean", torch.bfloat16, "tl.atomic_add(a0_ptr"),
+    ],
+)
+def test_combining_scatters_use_atomics_or_the_swap_loop(
+    reduce: str, dtype: torch.dtype, call: str
+) -> None:
+    source = _combining_scatter(reduce, dtype)
+    assert call in source
+    atomics = re.search(r"tl\.atomic_(add|max|min)\(", source) is not None
+    assert ("def ember_scatter_cas" in source) != atomics
+    ast.parse(source)
+
+
+def test_a_combination_into_bools_is_refused_clearly() -> None:
     kernels = fused_kernels(
         lambda x, i, v: x.index_add(0, i, v), randn(10, 8), torch.tensor([1, 1]), randn(2, 8)
     )
     scatter = kernels[-1]
-    member = replace(scatter.members[0], scatter_reduce="prod")
-    with pytest.raises(UnsupportedKernelError, match="prod"):
+    first = scatter.members[0]
+    bools = replace(first.layout, dtype=torch.bool)
+    member = replace(first, scatter_reduce="max", layout=bools)
+    with pytest.raises(UnsupportedKernelError, match=r"max of torch\.bool"):
         render_kernel(replace(scatter, members=(member,)))
 
 

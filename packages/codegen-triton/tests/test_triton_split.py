@@ -9,34 +9,24 @@ prints one JSON line per case.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from triton_cases import run_schedule
 
 from ember.codegen.triton import COLUMN_XBLOCK, TRITON_CHOICES, plan_kernel, render_kernel
 from ember.codegen.triton.plan import config_menu
 from ember.graphpasses import ember_decompositions
-from ember.ir import BufferRef, LoweringOptions, Program, lower_graph
-from ember.ir.interpreter import call_extern
-from ember.scheduler import (
-    DeviceChoices,
-    ExternCall,
-    KernelStep,
-    Schedule,
-    SelectOutput,
-    schedule_program,
-)
+from ember.ir import LoweringOptions, Program, lower_graph
+from ember.scheduler import DeviceChoices, Schedule, schedule_program
 
 # Small thresholds, so that test-sized tensors split (TRITON_CHOICES's need 10**5+).
 SMALL = DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8)
@@ -126,46 +116,6 @@ def _pointwise(numel: int) -> Any:
 # -- running the kernels in the interpreter ----------------------------------------------
 
 
-def _load(source: str, function: str, directory: Path) -> Any:
-    path = directory / f"{function}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(function, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, function)
-
-
-def _run(program: Program, schedule: Schedule, args: list[torch.Tensor], config: int) -> Any:
-    """Execute the schedule with every kernel launched with its `config`-th candidate
-    (or its last one, when it has fewer)."""
-    env: dict[str, Any] = {n.name: a for n, a in zip(program.inputs, args, strict=True)}
-    directory = Path(tempfile.mkdtemp())
-    for step in schedule.steps:
-        if isinstance(step, ExternCall):
-            env[step.node.name] = call_extern(step.node, env, {})
-        elif isinstance(step, SelectOutput):
-            env[step.node.name] = env[step.node.source][step.node.index]
-        elif isinstance(step, KernelStep):
-            kernel = step.kernel
-            for m in kernel.members:
-                if m.stored:
-                    size = [int(s) for s in m.layout.size]
-                    env[m.name] = torch.full(size, 7, dtype=m.layout.dtype)
-            rendered = render_kernel(kernel)
-            menu = config_menu(kernel, plan_kernel(kernel))
-            launch = menu[min(config, len(menu) - 1)]
-            jit = _load(rendered.source, rendered.function_name, directory)
-            grid = rendered.launch_grid(launch, {})
-            jit[grid](
-                *[env[b] for b in rendered.buffer_arguments],
-                **dict(launch.blocks),
-                num_warps=launch.num_warps,
-                num_stages=launch.num_stages,
-            )
-    return [env[o.name] if isinstance(o, BufferRef) else o for o in program.outputs]
-
-
 def run_case(name: str) -> dict[str, Any]:
     fn, _, dtype = CASES[name]
     program, schedule, args = _schedule(name)
@@ -175,7 +125,7 @@ def run_case(name: str) -> dict[str, Any]:
     tolerance = {"atol": 1e-2, "rtol": 1e-2} if dtype == torch.bfloat16 else {}
     configs = max(len(config_menu(k, plan_kernel(k))) for k in schedule.kernels)
     for config in range(configs):
-        actual = _run(program, schedule, [a.clone() for a in args], config)
+        actual = run_schedule(program, schedule, [a.clone() for a in args], config)
         for a, e in zip(actual, expected, strict=True):
             torch.testing.assert_close(a, e, **tolerance)
     return {"case": name, "ok": True, "partials": len(partials), "kernels": len(schedule.kernels)}

@@ -5,11 +5,16 @@ and runs in Triton's interpreter against the IR interpreter and eager.
 As in test_triton_scans, the interpreter runs in a subprocess (`TRITON_INTERPRET=1`
 must be set before Triton is imported), one JSON line per case; `cuda` runs every case
 on a GPU. Repeated indices only where the combination does not depend on the order
-(sum, max, min, and counts): a GPU scatter's order of atomics is not eager's.
+(sum, max, min, and counts; products of powers of two, or of one value repeated): a
+GPU scatter's order of atomics is not eager's. The products and the 16-bit maxima and
+minima combine in compare-and-swap loops, 16-bit elements by the 32-bit word holding
+them (`scatter_neighbours_*` writes every element of a large tensor once, so that on
+a GPU lanes and programs race on the two halves of each word).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import tempfile
 from collections.abc import Callable
@@ -49,6 +54,44 @@ def _mask(g: torch.Generator) -> torch.Tensor:
     return torch.rand(12, 5, generator=g) > 0.5
 
 
+def _powers_of_two(dtype: torch.dtype) -> Callable[[torch.Generator], torch.Tensor]:
+    def make(g: torch.Generator) -> torch.Tensor:
+        magnitude = torch.tensor([0.5, 1.0, 2.0])[torch.randint(0, 3, (20, 5), generator=g)]
+        sign = torch.where(torch.rand(20, 5, generator=g) < 0.3, -1.0, 1.0)
+        return (sign * magnitude).to(dtype)
+
+    return make
+
+
+def _with_nans(dtype: torch.dtype, rows: int) -> Callable[[torch.Generator], torch.Tensor]:
+    def make(g: torch.Generator) -> torch.Tensor:
+        x = torch.randn(rows, 5, generator=g)
+        picked = torch.rand(rows, 5, generator=g)
+        x = torch.where(picked < 0.1, math.nan, x)
+        return torch.where((picked >= 0.1) & (picked < 0.2), -torch.full_like(x, math.nan), x)
+
+    return lambda g: make(g).to(dtype)
+
+
+# repeated target rows, and a source whose rows are one value per target row: the
+# products round alike in any order
+_ROWS = torch.randint(0, 12, (20,), generator=torch.Generator().manual_seed(1))
+
+
+def _repeated(g: torch.Generator) -> torch.Tensor:
+    per_row = (1 + torch.rand(12, 5, generator=g) * 0.4).to(torch.float16)
+    return per_row[_ROWS]
+
+
+def _neighbours(dtype: torch.dtype) -> Callable[[torch.Generator], list[torch.Tensor]]:
+    def make(g: torch.Generator) -> list[torch.Tensor]:
+        x = torch.randint(1, 4, (4096,), generator=g).to(dtype)
+        order = torch.randperm(4096, generator=g)
+        return [x, order, x[order] + 1]
+
+    return make
+
+
 # name -> (function, inputs, options: atol/rtol)
 CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str, Any]]] = {
     "index_reduce_mean_amax": (
@@ -79,6 +122,50 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str,
         _args(_x, lambda g: torch.randn(3, 4, generator=g)),
         {},
     ),
+    "index_reduce_prod_bf16": (
+        lambda x, i, s: (
+            x.index_reduce(0, i, s, "prod"),
+            x.index_reduce(0, i, s, "prod", include_self=False),
+        ),
+        _args(lambda g: _x(g).to(torch.bfloat16), _dups, _powers_of_two(torch.bfloat16)),
+        {"atol": 0, "rtol": 0},
+    ),
+    "index_reduce_prod_repeated_fp16": (
+        lambda x, i, s: x.index_reduce(0, i, s, "prod"),
+        _args(lambda g: _x(g).to(torch.float16), lambda g: _ROWS.clone(), _repeated),
+        # the IR interpreter's products round once (eager's CPU scatter_reduce does),
+        # eager's index_reduce and its GPU kernels, and ours, at every step
+        {"atol": 0, "rtol": 0, "reference": (0, 2e-3)},
+    ),
+    "scatter_reduce_extrema_nan": (
+        lambda x, i, s, h, hs: (
+            x.scatter_reduce(0, i.view(4, 5), s[:4], "amin"),
+            x.index_reduce(0, i, s, "amax", include_self=False),
+            h.scatter_reduce(0, i.view(4, 5), hs[:4], "amax", include_self=False),
+            h.index_reduce(0, i, hs, "amin"),
+        ),
+        _args(
+            _with_nans(torch.float32, 12),
+            _dups,
+            _with_nans(torch.float32, 20),
+            _with_nans(torch.float16, 12),
+            _with_nans(torch.float16, 20),
+        ),
+        {"atol": 0, "rtol": 0},
+    ),
+    **{
+        f"scatter_neighbours_{name}": (
+            lambda x, o, s: (
+                x.scatter_reduce(0, o, s, "amax"),
+                x.scatter_reduce(0, o, s, "prod"),
+            ),
+            lambda device, dtype=dtype: [
+                a.to(device) for a in _neighbours(dtype)(torch.Generator().manual_seed(0))
+            ],
+            {"atol": 0, "rtol": 0},
+        )
+        for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16))
+    },
     "frexp": (
         lambda x: torch.frexp(x * 1e20),
         _args(_x),
@@ -107,7 +194,7 @@ def run_case(name: str, device: str) -> dict[str, Any]:
             program, schedule, [_same_layout(a) for a in args], seed=0, cache_dir=Path(cache)
         )
     reference = run_program(program, [_same_layout(a.cpu()) for a in args], seed=0)
-    _compare(actual, reference, atol, rtol)
+    _compare(actual, reference, *options.get("reference", (atol, rtol)))
     expected = fn(*[_same_layout(a) for a in args])
     _compare(actual, list(expected) if isinstance(expected, tuple) else [expected], atol, rtol)
     return {"case": name, "ok": True, "kinds": kinds, "kernels": len(schedule.kernels)}

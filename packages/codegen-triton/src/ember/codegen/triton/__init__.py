@@ -5,9 +5,9 @@ Renders the scheduler's `FusedKernel`s into Triton source plus launch metadata
 renders text only; the runtime (ember.runtime.triton_kernels) compiles, tunes and
 launches. Modules in processing order: plan (tiling, configs, grid), skeleton
 (signature, block axes), body (DAG -> lines), optable (op -> Triton), helpers
-(@triton.jit helpers: RNG, combines, the pair sort), pointwise, reduction, scan, sort,
-gemm (the matmul template, its pointwise consumers fused as an epilogue), kernel
-(entry).
+(@triton.jit helpers: RNG, combines, the pair sort, the scatters' compare-and-swap
+loops), pointwise (and scatter), reduction, scan, sort, gemm (the matmul template, its
+pointwise consumers fused as an epilogue), kernel (entry).
 """
 
 from ember.codegen.triton.kernel import TritonKernel, render_kernel

@@ -220,6 +220,87 @@ def ember_sort_rows(v, k, n, LOG: tl.constexpr, DESCENDING: tl.constexpr, ITYPE:
             k = tl.where(take, other_k, k)
     return v, k
 """,
+    "ember_scatter_combine": """
+@triton.jit
+def ember_scatter_combine(old, value, HOW: tl.constexpr):
+    # one step of a scatter's reduction as eager takes it: the target's value `old`
+    # combined with the scattered `value`. Max and min keep a NaN already there, take a
+    # NaN or a strictly larger (smaller) value and otherwise keep `old`, so of two equal
+    # values (-0.0 and 0.0) the one already there stays. A value loaded once for the
+    # whole block (0-d) is widened first: the interpreter cannot `&` a 0-d comparison
+    # with a block
+    old, value = tl.broadcast(old, value)
+    if HOW == "prod":
+        out = old * value
+    elif HOW == "sum":
+        out = old + value
+    elif HOW == "max":
+        out = tl.where((old != old) | ((value == value) & (value <= old)), old, value)
+    else:
+        out = tl.where((old != old) | ((value == value) & (value >= old)), old, value)
+    return out
+""",
+    "ember_scatter_cas": """
+@triton.jit
+def ember_scatter_cas(base, index, value, mask, HOW: tl.constexpr, ITYPE: tl.constexpr):
+    # base[index] = ember_scatter_combine(base[index], value) for the lanes in `mask`,
+    # elements of 32 or 64 bits (ITYPE, the signed integer of their width): read the
+    # target, combine, compare-and-swap the result in; a lane whose swap found another
+    # value (another lane or program changed it since) combines with that value and
+    # tries again, until every lane's swap went through. Bits are compared as integers
+    # (NaN == NaN), and a lane whose combination leaves the bits unchanged is done
+    # without a swap. tl.atomic_cas has no mask: lanes out of the game swap their
+    # target (base[0] where masked off) with itself, which changes nothing. Relaxed
+    # order is enough: the loop needs each swap to be atomic, and the kernel's end
+    # orders its writes before the next kernel's reads
+    target = base.to(tl.pointer_type(ITYPE)) + tl.where(mask, index, 0)
+    pending = mask & (index == index)
+    seen = tl.load(target, pending, other=0)
+    go = ember_any(pending)
+    while go:
+        old = seen
+        new = ember_scatter_combine(old.to(value.dtype, bitcast=True), value, HOW)
+        new = new.to(ITYPE, bitcast=True)
+        pending = pending & (new != old)
+        expected = tl.where(pending, old, 0)
+        seen = tl.atomic_cas(target, expected, tl.where(pending, new, 0), sem="relaxed")
+        pending = pending & (seen != old)
+        go = ember_any(pending)
+""",
+    "ember_scatter_cas_narrow": """
+@triton.jit
+def ember_scatter_cas_narrow(
+    base, index, value, mask, HOW: tl.constexpr, STORAGE: tl.constexpr, UTYPE: tl.constexpr
+):
+    # ember_scatter_cas for elements of 8 or 16 bits (STORAGE, with UTYPE the unsigned
+    # integer of its width): the swap is of the aligned 32-bit word holding the element
+    # (its byte offset in the word from the address, little-endian), whose other bytes
+    # are kept as read, so a swap fails, and is retried, when another lane changed a
+    # neighbour in the same word too. The value is rounded to STORAGE first and the
+    # combination after, one rounding per step as eager's kernels do. The word of the
+    # last element can reach past the end of the storage (CUDA's allocations are
+    # aligned and padded to far more than 4 bytes; eager's 16-bit atomics swap the same
+    # words), and the bytes there are written back as read
+    pointer = base + tl.where(mask, index, 0)
+    offset = pointer.to(tl.int64) & 3
+    word = (pointer.to(tl.pointer_type(tl.int8)) - offset).to(tl.pointer_type(tl.uint32))
+    shift = (offset * 8).to(tl.uint32)
+    field = tl.full([], (1 << UTYPE.primitive_bitwidth) - 1, tl.uint32) << shift
+    value = value.to(STORAGE).to(value.dtype)
+    pending = mask & (index == index)
+    seen = tl.load(word, pending, other=0)
+    go = ember_any(pending)
+    while go:
+        old = seen
+        current = (old >> shift).to(UTYPE).to(STORAGE, bitcast=True).to(value.dtype)
+        combined = ember_scatter_combine(current, value, HOW).to(STORAGE)
+        new = (old & ~field) | (combined.to(UTYPE, bitcast=True).to(tl.uint32) << shift)
+        pending = pending & (new != old)
+        expected = tl.where(pending, old, 0)
+        seen = tl.atomic_cas(word, expected, tl.where(pending, new, 0), sem="relaxed")
+        pending = pending & (seen != old)
+        go = ember_any(pending)
+""",
     "ember_welford_combine": """
 @triton.jit
 def ember_welford_combine(mean_a, m2_a, count_a, mean_b, m2_b, count_b):
@@ -241,6 +322,8 @@ _CALLS: dict[str, tuple[str, ...]] = {
     "ember_rand_uniform": ("ember_random_bits",),
     "ember_rand_normal": ("ember_rand_uniform",),
     "ember_sort_rows": ("ember_sort_partner", "ember_sort_before"),
+    "ember_scatter_cas": ("ember_any", "ember_scatter_combine"),
+    "ember_scatter_cas_narrow": ("ember_any", "ember_scatter_combine"),
 }
 
 

@@ -8,11 +8,12 @@ width (for bit tests). Math goes through `tl` where Triton has an accurate built
 through `libdevice` (triton.language.extra.libdevice, present in Triton 3.6 and 3.9)
 for the rest. `ember_*` names are small @triton.jit helpers from ember.codegen.triton.
 helpers, emitted into a kernel's source only when it uses them; the special functions
-libdevice lacks (i0e, i1e, K0, K1, digamma, polygamma, zeta, Airy Ai, the orthogonal
-polynomials) are helpers too (ember.codegen.triton.special and .polynomials).
+libdevice lacks (i0e, i1e, K0, K1, digamma, polygamma, zeta, Airy Ai, the incomplete
+gamma functions, the orthogonal polynomials) are helpers too
+(ember.codegen.triton.special and .polynomials).
 
-Ops listed in `UNSUPPORTED` raise `UnsupportedKernelError` naming the op and kernel,
-so the runtime runs that graph another way.
+Ops listed in `UNSUPPORTED` (none at present) raise `UnsupportedKernelError` naming
+the op and kernel, so the runtime runs that graph another way.
 """
 
 from __future__ import annotations
@@ -128,11 +129,9 @@ TRITON_OPS: dict[str, Template] = {
     "logical_xor": ("({0} != 0) ^ ({1} != 0)", "({0} != 0) ^ ({1} != 0)"),
 }  # fmt: skip
 
-# Ops with no accurate Triton/libdevice form yet: the graph runs another way.
-UNSUPPORTED: dict[str, str] = {
-    "igamma": "no libdevice incomplete gamma",
-    "igammac": "no libdevice incomplete gamma",
-}
+# Ops with no accurate Triton/libdevice form yet: the graph runs another way. Empty
+# now: the incomplete gamma functions, the last ones, are helpers (special.py).
+UNSUPPORTED: dict[str, str] = {}
 
 # Ops the codegen renders whose kernels do not match eager on the GPU yet: the
 # runtime's CUDA record lists them as unsupported, so lowering declines them and the

@@ -1,8 +1,9 @@
 """Special functions as @triton.jit helpers, for the ops libdevice lacks or gets wrong
 for eager's purposes: the exponentially scaled modified Bessel functions i0e and i1e
 (exp(-|x|) * i0(x) overflows in float32 above 88), K0 and K1 and their scaled forms,
-digamma, trigamma and polygamma, the Hurwitz zeta function and the Airy function Ai
-(the orthogonal polynomials are in ember.codegen.triton.polynomials).
+digamma, trigamma and polygamma, the Hurwitz zeta function, the Airy function Ai and
+the regularized incomplete gamma functions (the orthogonal polynomials are in
+ember.codegen.triton.polynomials).
 
 They follow eager's approximations (Cephes' Chebyshev series, whose coefficients are in
 ember.ir.special_tables; the series are unrolled into straight-line Clenshaw
@@ -23,6 +24,17 @@ GPU values have the same error. Where precision matters they call libdevice's
 correctly rounded or accurate functions (`div_rn`, `sqrt_rn`, `exp`), as eager's
 compiled C++ does, not Triton's approximate `tl.exp`; kernels using them compile with
 libdevice's subnormals kept (`FULL_RANGE_HELPERS`), as eager's do.
+
+The incomplete gamma functions P(a, x) (igamma) and Q(a, x) = 1 - P (igammac) are
+the exception: they take the C++ rendering's algorithm (ember.codegen.cpp.special),
+in float64 whatever the dtype, rounded once: the power series of P, the continued
+fraction of Q (modified Lentz) and the series of Q for small x, each lane in the
+region eager picks for it, then eager's values where a or x is zero, negative,
+infinite or NaN. Each series is a loop per block over the lanes in its region (at
+most 20000, 19999 and 1999 steps, as in C++). Computed in float64, float32 results
+are more precise than eager's float32 ones. Where a and x are both huge (a log(x)
+around 1e31) the logarithm of their prefactor has no correct digit left, and the
+result is 0 or NaN where eager's asymptotic expansion gives about 1/2, as in C++.
 """
 
 from __future__ import annotations
@@ -341,6 +353,149 @@ def ember_airy_ai(x):
     out = tl.where(x > 103.892, 0.0, out)
     return tl.where(tl.abs(x) == float("inf"), float("nan"), out)
 """,
+    "ember_igamma_prefactor": """
+@triton.jit
+def ember_igamma_prefactor(a, x):
+    # x^a exp(-x) / Gamma(a), by its logarithm; 0 where that is below double's least
+    # normal exponent
+    logarithm = a * libdevice.log(x) - x - libdevice.lgamma(a)
+    return tl.where(logarithm < -709.782712893384, 0.0, libdevice.exp(logarithm))
+""",
+    "ember_igamma_series": """
+@triton.jit
+def ember_igamma_series(a, x, active):
+    # P(a, x) by its power series, prefactor / a * sum_k x^k / ((a + 1) ... (a + k)),
+    # for the lanes in `active`: up to 20000 terms, until a term is within double's
+    # epsilon of the sum (0 where the prefactor underflows)
+    prefactor = ember_igamma_prefactor(a, x)
+    active = active & (prefactor != 0.0)
+    r = a
+    term = tl.zeros_like(a) + 1.0
+    total = tl.zeros_like(a) + 1.0
+    k = tl.full([], 0, tl.int32)
+    go = ember_any(active)
+    while go:
+        k = k + 1
+        r = tl.where(active, r + 1.0, r)
+        term = tl.where(active, term * (x / r), term)
+        total = tl.where(active, total + term, total)
+        active = active & (term > 1.11022302462515654042e-16 * total) & (k < 20000)
+        go = ember_any(active)
+    return tl.where(prefactor == 0.0, 0.0, total * prefactor / a)
+""",
+    "ember_igammac_fraction": """
+@triton.jit
+def ember_igammac_fraction(a, x, active):
+    # Q(a, x) by its continued fraction (modified Lentz, 1e-300 standing in for 0), for
+    # the lanes in `active`: up to 19999 steps, until a step's factor is within
+    # double's epsilon of 1 (0 where the prefactor underflows)
+    prefactor = ember_igamma_prefactor(a, x)
+    active = active & (prefactor != 0.0)
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c = 1.0 / (tl.zeros_like(a) + tiny)
+    d = 1.0 / b
+    h = d
+    i = tl.full([], 0, tl.int32)
+    go = ember_any(active)
+    while go:
+        i = i + 1
+        an = (i * -1).to(tl.float64) * (i.to(tl.float64) - a)
+        b = tl.where(active, b + 2.0, b)
+        d_next = an * d + b
+        d_next = tl.where(tl.abs(d_next) < tiny, tiny, d_next)
+        c_next = b + an / c
+        c_next = tl.where(tl.abs(c_next) < tiny, tiny, c_next)
+        d_next = 1.0 / d_next
+        step = d_next * c_next
+        d = tl.where(active, d_next, d)
+        c = tl.where(active, c_next, c)
+        h = tl.where(active, h * step, h)
+        active = active & (tl.abs(step - 1.0) > 1.11022302462515654042e-16) & (i < 19999)
+        go = ember_any(active)
+    return tl.where(prefactor == 0.0, 0.0, prefactor * h)
+""",
+    "ember_igammac_small_x": """
+@triton.jit
+def ember_igammac_small_x(a, x, active):
+    # Q(a, x) for small x, for the lanes in `active`: 1 - x^a / Gamma(a + 1) (by expm1)
+    # minus x^a / Gamma(a) * sum_n (-x)^n / (n! (a + n)), up to 1999 terms, until a
+    # term is within double's epsilon of the sum
+    factor = tl.zeros_like(a) + 1.0
+    total = tl.zeros_like(a)
+    n = tl.full([], 0, tl.int32)
+    go = ember_any(active)
+    while go:
+        n = n + 1
+        factor = tl.where(active, factor * ((x * -1.0) / n.to(tl.float64)), factor)
+        term = factor / (a + n.to(tl.float64))
+        total = tl.where(active, total + term, total)
+        active = active & (tl.abs(term) > 1.11022302462515654042e-16 * tl.abs(total))
+        active = active & (n < 1999)
+        go = ember_any(active)
+    log_x = libdevice.log(x)
+    head = libdevice.expm1(a * log_x - libdevice.lgamma(1.0 + a)) * -1.0
+    return head - libdevice.exp(a * log_x - libdevice.lgamma(a)) * total
+""",
+    "ember_igamma_core": """
+@triton.jit
+def ember_igamma_core(a_in, x_in, UPPER: tl.constexpr):
+    # P(a, x) (igamma), or Q(a, x) = 1 - P (igammac) where UPPER, in float64 as the
+    # C++ rendering computes them, each lane by the series, the continued fraction or
+    # the small-x series where that one picks it, then eager's edge values (a or x
+    # negative, zero or infinite, tested in eager's order, before NaN)
+    a_in, x_in = tl.broadcast(a_in, x_in)
+    a = a_in.to(tl.float64)
+    x = x_in.to(tl.float64)
+    inf = float("inf")
+    nan = float("nan")
+    inside = (x > 0.0) & (a > 0.0) & (x < inf) & (a < inf)
+    a_ = tl.where(inside, a, 1.0)
+    x_ = tl.where(inside, x, 1.0)
+    if UPPER:
+        log_x = libdevice.log(x_)
+        by_series = ((x_ > 1.1) & (x_ < a_)) | ((x_ <= 0.5) & ((-0.4 / log_x) < a_))
+        by_series = inside & (by_series | ((x_ > 0.5) & (x_ <= 1.1) & (x_ * 1.1 < a_)))
+        by_fraction = inside & (x_ > 1.1) & (by_series == 0)
+    else:
+        complement = (x_ > 1.0) & (x_ > a_)
+        by_series = inside & (complement == 0)
+        by_fraction = inside & complement & (x_ > 1.1)
+    by_small = inside & (by_series == 0) & (by_fraction == 0)
+    series = ember_igamma_series(a_, x_, by_series)
+    fraction = ember_igammac_fraction(a_, x_, by_fraction)
+    small = ember_igammac_small_x(a_, x_, by_small)
+    upper = tl.where(by_fraction, fraction, small)
+    if UPPER:
+        out = tl.where(by_series, 1.0 - series, upper)
+        at_x_inf = 0.0
+        at_a_inf = 1.0
+        at_x_zero = 1.0
+        at_a_zero = 0.0
+    else:
+        out = tl.where(by_series, series, 1.0 - upper)
+        at_x_inf = 1.0
+        at_a_inf = 0.0
+        at_x_zero = 0.0
+        at_a_zero = 1.0
+    out = tl.where((a != a) | (x != x), nan, out)
+    out = tl.where(x == inf, at_x_inf, out)
+    out = tl.where(a == inf, tl.where(x == inf, nan, at_a_inf), out)
+    out = tl.where(x == 0.0, at_x_zero, out)
+    out = tl.where(a == 0.0, tl.where(x > 0.0, at_a_zero, nan), out)
+    out = tl.where((x < 0.0) | (a < 0.0), nan, out)
+    return out.to(a_in.dtype)
+""",
+    "ember_igamma": """
+@triton.jit
+def ember_igamma(a, x):
+    return ember_igamma_core(a, x, False)
+""",
+    "ember_igammac": """
+@triton.jit
+def ember_igammac(a, x):
+    return ember_igamma_core(a, x, True)
+""",
     **POLYNOMIAL_HELPERS,
 }
 
@@ -365,6 +520,16 @@ SPECIAL_CALLS: dict[str, tuple[str, ...]] = {
         "ember_div",
         "ember_sqrt",
     ),
+    "ember_igamma_series": ("ember_any", "ember_igamma_prefactor"),
+    "ember_igammac_fraction": ("ember_any", "ember_igamma_prefactor"),
+    "ember_igammac_small_x": ("ember_any",),
+    "ember_igamma_core": (
+        "ember_igamma_series",
+        "ember_igammac_fraction",
+        "ember_igammac_small_x",
+    ),
+    "ember_igamma": ("ember_igamma_core",),
+    "ember_igammac": ("ember_igamma_core",),
     **POLYNOMIAL_CALLS,
 }
 
@@ -387,5 +552,7 @@ SPECIAL_OPS: dict[str, str] = {
     "polygamma": "ember_polygamma({0}, {1})",
     "special_zeta": "ember_hurwitz_zeta({0}, {1})",
     "special_airy_ai": "ember_airy_ai({0})",
+    "igamma": "ember_igamma({0}, {1})",
+    "igammac": "ember_igammac({0}, {1})",
     **POLYNOMIAL_OPS,
 }
