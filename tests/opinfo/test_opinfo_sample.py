@@ -89,3 +89,20 @@ def test_special_functions_complex_and_linalg_pass_strict_without_fallbacks(
     with config.scope(fallback=False, strict=True):
         outcomes = [check_op(by_name[name], torch.float32) for name in STRICT_NOW]
     assert [o for o in outcomes if o.outcome != "pass"] == []
+
+
+def test_attention_rng_state_outputs_are_compared_by_size_only() -> None:
+    """Without dropout the attention kernels return their RNG state (and the flash
+    kernel its unused output) as uninitialised memory: sizes and dtypes are compared,
+    not values; every other output and op is left as it is."""
+    from ember.runtime.opinfo import defined_outputs
+
+    out, lse = torch.randn(2, 3), torch.randn(2)
+    seed, offset = torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64)
+    seed.fill_(123456789)
+    kept = defined_outputs("torch.ops.aten._efficient_attention_forward", (out, lse, seed, offset))
+    assert kept[0] is out and kept[1] is lse
+    assert kept[2].shape == () and kept[2].dtype == torch.int64 and int(kept[2]) == 0
+    assert defined_outputs("sin", (out, seed))[1] is seed
+    flash = defined_outputs("_flash_attention_forward", (out, lse, torch.ones(2), seed, out))
+    assert [int(t.abs().sum()) for t in flash[2:]] == [0, 0, 0]
