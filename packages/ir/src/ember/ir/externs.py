@@ -28,12 +28,15 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addbmm",
                "_scaled_mm", "_int_mm", "_cdist_forward", "_weight_int8pack_mm"),
     "convolution": ("convolution", "convolution_backward", "_convolution"),
-    "attention": tuple(
-        f"_scaled_dot_product_{kind}{suffix}"
-        for kind in ("flash_attention", "efficient_attention", "cudnn_attention",
-                     "flash_attention_for_cpu")
-        for suffix in ("", "_backward")
-    ) + ("_flash_attention_forward", "_efficient_attention_forward"),  # the kernels under them
+    "attention": (
+        *(
+            f"_scaled_dot_product_{kind}{suffix}"
+            for kind in ("flash_attention", "efficient_attention", "cudnn_attention",
+                         "flash_attention_for_cpu")
+            for suffix in ("", "_backward")
+        ),
+        "_flash_attention_forward", "_efficient_attention_forward",  # the kernels under them
+    ),
     # LAPACK/cuSOLVER factorizations and solvers: iterative, pivoting, not loop nests
     "linalg": ("cholesky", "linalg_cholesky_ex", "linalg_eig", "_linalg_eigh", "linalg_inv_ex",
                "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lstsq", "linalg_lu",

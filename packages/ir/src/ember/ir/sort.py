@@ -36,8 +36,8 @@ from ember.ir.lowering import (
     non_overlapping,
     register_lowering,
 )
-from ember.ir.symbolic import as_expr, index_var, static_int
 from ember.ir.pointwise import op
+from ember.ir.symbolic import as_expr, index_var, static_int
 from ember.ir.tensor import LazyTensor, const
 from ember.ir.views import norm_dim, reshape_map, view_of
 
