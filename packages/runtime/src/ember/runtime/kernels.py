@@ -94,6 +94,12 @@ def sort_limits(records: Records, mode: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(limits.items()))
 
 
+def extern_depthwise(records: Records) -> tuple[str, ...]:
+    """The device types whose 2-d depthwise convolutions stay ATen calls: those whose
+    record does not lower them (`DeviceRecord.lowers_depthwise`)."""
+    return tuple(sorted({r.type for r in records.values() if not r.lowers_depthwise}))
+
+
 def scheduling_choices(records: Records, matmul_templates: str = "off") -> DeviceChoices:
     """The scheduler's device-specific choices: the codegen's own for a graph on one
     device type (the first device's, with several GPUs), the defaults otherwise.
