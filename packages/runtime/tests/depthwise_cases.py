@@ -124,7 +124,7 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[torch.Tensor]]]]
         _inputs(
             (2, 8, 10, 10), (3, 3), grad=(2, 8, 10, 10), channels_last=True, dtype=torch.bfloat16
         ),
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -103,9 +103,7 @@ class _Axis:
         return o, checks
 
 
-def _within(
-    coord: sympy.Expr, low: sympy.Expr, high: sympy.Expr, size: sympy.Expr
-) -> list[Node]:
+def _within(coord: sympy.Expr, low: sympy.Expr, high: sympy.Expr, size: sympy.Expr) -> list[Node]:
     """Checks of `0 <= coord < size` where `coord` ranges over [low, high] in the
     loop: each bound left out where it holds at every point (the taps away from the
     padding need no mask, and their loads none)."""
@@ -155,9 +153,7 @@ def _axes(
     ]
 
 
-def _conv_input(
-    lowering: GraphLowering, arg: Any, taps: int, stride: Sequence[int]
-) -> LazyTensor:
+def _conv_input(lowering: GraphLowering, arg: Any, taps: int, stride: Sequence[int]) -> LazyTensor:
     """The convolved input, stored first where its producer (a batch norm and an
     activation) would otherwise be computed again for each window it falls in, by the
     rule for a value with that many readers; as pooling does (ember.ir.pooling's
@@ -238,11 +234,12 @@ def lower_convolution_backward(lowering: GraphLowering, node: torch.fx.Node) -> 
     g_val = g_arg.meta.get("val") if isinstance(g_arg, torch.fx.Node) else None
     stride = spatial_arg(a["stride"], 2)
     reason = _depthwise_reason(x_val, w_val, bool(a["transposed"]), int(a["groups"]), stride)
-    if reason is None and (not isinstance(g_val, torch.Tensor) or g_val.dtype != x_val.dtype):
-        reason = "an output gradient of another dtype"
     if reason is None:
         assert isinstance(x_val, torch.Tensor)
-        reason = _switched_off(lowering, x_val.device)
+        if not isinstance(g_val, torch.Tensor) or g_val.dtype != x_val.dtype:
+            reason = "an output gradient of another dtype"
+        else:
+            reason = _switched_off(lowering, x_val.device)
     if reason is not None:
         return lowering.intentional_extern(node, reason)
     mask = [bool(m) for m in a["output_mask"]]
