@@ -11,6 +11,7 @@ from ember.ir import (  # noqa: F401
     arith,
     assemble,
     bags,
+    depthwise,
     distances,
     factories,
     indexing,

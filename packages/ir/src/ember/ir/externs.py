@@ -27,6 +27,7 @@ _EXTERN_GROUPS: dict[str, tuple[str, ...]] = {
     # vendor BLAS/cuBLAS/oneDNN kernels beat generated loops
     "matmul": ("mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addbmm",
                "_scaled_mm", "_int_mm", "_cdist_forward", "_weight_int8pack_mm"),
+    # (but 2-d depthwise ones, memory-bound, are lowered: ember.ir.depthwise)
     "convolution": ("convolution", "convolution_backward", "_convolution"),
     "attention": (
         *(

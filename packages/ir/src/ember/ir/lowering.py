@@ -101,6 +101,10 @@ class LoweringOptions:
     # symbolic) dimension on such a device stays an ATen call, with the reason logged.
     # The runtime asks for the Triton codegen's limit on CUDA; C++ sorts any length.
     sort_limits: tuple[tuple[str, int], ...] = ()
+    # Device types whose 2-d depthwise convolutions stay ATen calls (ember.ir.depthwise
+    # lowers them elsewhere). The runtime asks for the device types whose record says
+    # the library kernel wins (`DeviceRecord.lowers_depthwise`).
+    extern_depthwise: tuple[str, ...] = ()
 
 
 # The lowering table: ATen overload -> function building IR for one node (used with

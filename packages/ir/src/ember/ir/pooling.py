@@ -176,11 +176,11 @@ def _taps(
     for offsets in itertools.product(*(range(k) for k in kernel)):
         coords = [s + o * dl for s, o, dl in zip(first, offsets, dilation, strict=True)]
         mask = all_of([in_range(co, zero, n) for co, n in zip(coords, sizes, strict=True)])
-        found.append((mask, _guard_window(x, i, coords, mask), flat_position(coords, sizes)))
+        found.append((mask, guard_window(x, i, coords, mask), flat_position(coords, sizes)))
     return found
 
 
-def _guard_window(
+def guard_window(
     x: LazyTensor, i: Sequence[sympy.Expr], coords: Sequence[sympy.Expr], mask: Node
 ) -> Node:
     """`x` at input position `coords` (its last dimensions) of output point `i`, with

@@ -72,6 +72,7 @@ KEYED_SETTINGS = (
     "layout",
     "recompute",
     "cpu_gemm",
+    "depthwise",
     "matmul_templates",
 )
 _SEPARATOR = "~"  # stands for "/" in entry file names (the store keeps flat names)

@@ -45,6 +45,7 @@ from ember.runtime.kernels import (
     Launcher,
     Records,
     compile_kernels,
+    extern_depthwise,
     measures_matmuls,
     scheduling_choices,
     sort_limits,
@@ -315,6 +316,7 @@ def _build(
             loops=loops,
             unsupported_ops=unsupported_ops(records, config.kernels) if loops else frozenset(),
             sort_limits=sort_limits(records, config.kernels),
+            extern_depthwise=extern_depthwise(records, config.depthwise),
             recompute_shared=recompute_shared(records),
             index_checks=config.index_checks,
         )

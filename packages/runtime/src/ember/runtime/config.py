@@ -295,6 +295,16 @@ KNOBS: dict[str, Knob[Any]] = {
         "',<chunk>', for every thread count. Applied as kernel libraries load (no "
         "rebuild); results are the same bits under every schedule.",
     ),
+    "depthwise": Knob(
+        "EMBER_DEPTHWISE",
+        lambda text: _choice(text, ("auto", "loops", "aten")),
+        lambda: "auto",
+        "2-d depthwise convolutions and their backward: 'loops' as generated kernels "
+        "that fuse with the batch norms and activations around them; 'aten' as ATen "
+        "calls (cuDNN, oneDNN); 'auto' (default): loops on CUDA (cuDNN compiles its "
+        "channels-last depthwise kernels at run time on first use), ATen calls on the "
+        "CPU (oneDNN's kernels measured faster).",
+    ),
     "matmul_templates": Knob(
         "EMBER_MATMUL_TEMPLATES",
         lambda text: _choice(text, ("auto", "on", "off")),
@@ -482,6 +492,10 @@ class EmberConfig:
     @property
     def reduction_schedule(self) -> str:
         return str(self.get("reduction_schedule"))
+
+    @property
+    def depthwise(self) -> str:
+        return str(self.get("depthwise"))
 
     @property
     def matmul_templates(self) -> str:

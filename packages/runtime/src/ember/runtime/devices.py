@@ -9,7 +9,8 @@ process:
   codegen's documented defaults (`ember.codegen.triton.GPU_DEFAULTS`);
 - which codegen renders its kernels and which runtime module compiles them;
 - what that codegen cannot do: the IR ops it cannot render and the longest row it
-  sorts (lowering keeps ops that need more as ATen calls);
+  sorts (lowering keeps ops that need more as ATen calls); and whether its depthwise
+  convolutions beat the library's;
 - the scheduling choices its codegen makes for it;
 - the defaults of the settings whose 'auto' depends on the device type
   (`DeviceDefaults`).
@@ -71,7 +72,8 @@ class DeviceRecord:
     `codegen`: the module that renders its kernels; `compiler`: (module, function)
     of the runtime's compiler for them; both None where ember generates no kernels
     for the device type. `sort_limit`: the longest row its generated kernels sort
-    (None: any length; 0: none, sorts stay ATen calls)."""
+    (None: any length; 0: none, sorts stay ATen calls). `lowers_depthwise`: its 2-d
+    depthwise convolutions are loop nodes (ember.ir.depthwise), not library calls."""
 
     device: torch.device
     available: bool
@@ -80,6 +82,7 @@ class DeviceRecord:
     compiler: tuple[str, str] | None
     unsupported_ops: frozenset[str]
     sort_limit: int | None
+    lowers_depthwise: bool
     choices: DeviceChoices
     defaults: DeviceDefaults
 
@@ -109,6 +112,7 @@ def _record(device: torch.device) -> DeviceRecord:
         compiler=None,
         unsupported_ops=frozenset(),
         sort_limit=None,
+        lowers_depthwise=False,
         choices=DEFAULT_CHOICES,
         defaults=DEFAULTS["cpu"],
     )
@@ -134,6 +138,12 @@ def _cuda_record(device: torch.device) -> DeviceRecord:
         # the CPU order bit for bit). Until the kernels follow the CUDA order, CUDA
         # sorts stay ATen calls (the codegen's own limit is `MAX_SORT_LENGTH`).
         sort_limit=0,
+        # cuDNN compiles its channels-last depthwise kernels at run time on first use
+        # (cuDNN 9.10 and later: 9-17 s of eager MobileNetV3's first training step on
+        # an H100), and as ATen calls they split the batch norms and activations
+        # around them into kernels of their own; memory-bound, they are loops ember
+        # generates as well as a library
+        lowers_depthwise=True,
         choices=triton_choices(properties),
         defaults=DEFAULTS["cuda"],
     )
@@ -179,6 +189,12 @@ def _cpu_record(device: torch.device) -> DeviceRecord:
         compiler=("ember.runtime.cpp_kernels", "compile_cpp_kernels"),
         unsupported_ops=frozenset(UNSUPPORTED_OPS),
         sort_limit=None,  # C++ sorts rows of any length
+        # oneDNN's channels-last depthwise kernels win: one thread, 2-core AMD EPYC,
+        # float32 inference, eager channels-last against ember's C++ kernel (which
+        # ember's layout pass runs channels-last too): [32, 96, 56, 56] 3x3 stride 1
+        # 19.7 ms against 26.0, stride 2 2.1 against 7.6, [32, 480, 14, 14] 5x5 3.7
+        # against 18.1 (eager NCHW: 57.0, 29.1, 19.3 ms)
+        lowers_depthwise=False,
         choices=CPP_CHOICES,
         defaults=DEFAULTS["cpu"],
     )

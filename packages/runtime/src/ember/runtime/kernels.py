@@ -94,6 +94,16 @@ def sort_limits(records: Records, mode: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(limits.items()))
 
 
+def extern_depthwise(records: Records, setting: str = "auto") -> tuple[str, ...]:
+    """The device types whose 2-d depthwise convolutions stay ATen calls under
+    EMBER_DEPTHWISE=`setting`: 'auto', those whose record does not lower them
+    (`DeviceRecord.lowers_depthwise`); 'aten', every one; 'loops', none."""
+    if setting == "loops":
+        return ()
+    aten = setting == "aten"
+    return tuple(sorted({r.type for r in records.values() if aten or not r.lowers_depthwise}))
+
+
 def scheduling_choices(records: Records, matmul_templates: str = "off") -> DeviceChoices:
     """The scheduler's device-specific choices: the codegen's own for a graph on one
     device type (the first device's, with several GPUs), the defaults otherwise.
