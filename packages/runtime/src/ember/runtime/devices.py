@@ -142,8 +142,11 @@ def _cuda_record(device: torch.device) -> DeviceRecord:
         # (cuDNN 9.10 and later: 9-17 s of eager MobileNetV3's first training step on
         # an H100), and as ATen calls they split the batch norms and activations
         # around them into kernels of their own; memory-bound, they are loops ember
-        # generates as well as a library
-        lowers_depthwise=True,
+        # can generate. Off by default until the Triton kernels have run on a GPU
+        # (benchmarks/depthwise_conv.py, test_triton_depthwise.py's `cuda` cases):
+        # checked so far in Triton's interpreter only; EMBER_DEPTHWISE=loops turns
+        # them on.
+        lowers_depthwise=False,
         choices=triton_choices(properties),
         defaults=DEFAULTS["cuda"],
     )
