@@ -346,3 +346,56 @@ def test_a_worker_that_never_gets_ready_does_not_hold_up_the_session(
     session.close()
     assert time.perf_counter() - start < 5
     assert up.served == 3 and stuck.served == 0
+
+
+def test_starting_from_many_threads_at_once_starts_one_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lazily compiled backward (autograd's thread) and another graph's compile can
+    start the pool at the same moment: one spawning thread and one Triton set-up, and
+    every caller is told the same number of workers."""
+    made: list[object] = []
+    prepared: list[str] = []
+
+    class Quick:
+        def __init__(self, target: Any) -> None:
+            time.sleep(0.001)
+            made.append(target)
+
+    def slow_key() -> None:
+        time.sleep(0.05)
+        prepared.append("key")
+
+    monkeypatch.setattr(compile_pool, "_Worker", Quick)
+    monkeypatch.setattr(compile_pool, "_workers", [])
+    monkeypatch.setattr(compile_pool, "_spawning", [])
+    monkeypatch.setattr(compile_pool, "_preparing", [])
+    monkeypatch.setattr(compile_pool, "_key_ready", threading.Event())
+    monkeypatch.setattr(compile_pool, "_prepare_key", slow_key)
+    monkeypatch.setattr(compile_pool, "_prepare_imports", lambda: None)
+    monkeypatch.setattr(compile_pool, "_close_all", lambda: None)
+    barrier = threading.Barrier(8)
+    told: list[int] = []
+
+    def caller() -> None:
+        barrier.wait()
+        told.append(compile_pool.start(("cuda", 90, 32)))
+
+    plain = threading.Thread
+
+    class Slow(plain):  # widens the gap between checking and starting
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            time.sleep(0.01)
+            super().__init__(*args, **kwargs)
+
+    with config.scope(compile_workers=3):
+        threads = [plain(target=caller) for _ in range(8)]
+        monkeypatch.setattr(threading, "Thread", Slow)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(compile_pool._spawning) == 1 and len(compile_pool._preparing) == 2
+        assert len(compile_pool.workers()) == 3 and set(told) == {3}
+    compile_pool.wait_prepared()
+    assert prepared == ["key"]

@@ -146,6 +146,9 @@ def _add(key: str, seconds: float) -> None:
 
 
 _spawning: list[threading.Thread] = []
+# `start` and `prepare_here` check, then start threads: a lazily compiled backward runs
+# in autograd's thread while another graph may be compiling, so both hold this lock
+_start_lock = threading.Lock()
 
 
 def start(target: tuple[str, int, int] | None = None) -> int:
@@ -160,16 +163,16 @@ def start(target: tuple[str, int, int] | None = None) -> int:
     (and `workers()`) wait for that thread first."""
     if target is not None:
         prepare_here()
-    if not _spawning and config.compile_workers > 0:
-        count = config.compile_workers
-        thread = threading.Thread(
-            target=_spawn, args=(target, count), name="ember-compile-spawn", daemon=True
-        )
-        _spawning.append(thread)
-        atexit.register(_close_all)
-        thread.start()
-        return count
-    return len(workers())
+    with _start_lock:
+        count = config.compile_workers if not _spawning else 0
+        if count > 0:
+            thread = threading.Thread(
+                target=_spawn, args=(target, count), name="ember-compile-spawn", daemon=True
+            )
+            _spawning.append(thread)
+            atexit.register(_close_all)
+            thread.start()
+    return count if count > 0 else len(workers())
 
 
 def _spawn(target: tuple[str, int, int] | None, count: int) -> None:
@@ -204,14 +207,15 @@ def prepare_here() -> None:
 
     Both are cached, so this changes no result; a failure here is left to the
     compile that needs the same thing, which reports it."""
-    if _preparing:
-        return
-    for work, done in ((_prepare_key, _key_ready), (_prepare_imports, threading.Event())):
-        thread = threading.Thread(
-            target=_then_set, args=(work, done), name="ember-triton-prepare", daemon=True
-        )
-        _preparing.append(thread)
-        thread.start()
+    with _start_lock:
+        if _preparing:
+            return
+        for work, done in ((_prepare_key, _key_ready), (_prepare_imports, threading.Event())):
+            thread = threading.Thread(
+                target=_then_set, args=(work, done), name="ember-triton-prepare", daemon=True
+            )
+            _preparing.append(thread)
+            thread.start()
 
 
 def _then_set(work: Callable[[], object], done: threading.Event) -> None:
