@@ -176,6 +176,20 @@ def test_transposed_depthwise_stays_an_aten_call() -> None:
     assert _convolutions(program) == ["aten.convolution.default"]
 
 
+def test_a_bias_of_another_dtype_stays_the_aten_call_that_raises() -> None:
+    """Eager's convolution raises for a bias whose dtype is not the input's (its meta
+    function does not check): the lowering leaves it to that call."""
+    x = torch.randn(2, 4, 8, 8, generator=G).bfloat16()
+    w = torch.randn(4, 1, 3, 3, generator=G).bfloat16()
+    b = torch.randn(4, generator=G)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        return aten.convolution(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 4)
+
+    assert _convolutions(lower(fn, x, w, b, mode="fake")) == ["aten.convolution.default"]
+    assert _convolutions(lower(fn, x, w, b.bfloat16())) == []
+
+
 def test_device_types_kept_as_aten_calls() -> None:
     """`LoweringOptions.extern_depthwise` keeps the depthwise convolutions of its
     device types ATen calls, forward and backward."""

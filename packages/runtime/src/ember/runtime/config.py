@@ -301,9 +301,9 @@ KNOBS: dict[str, Knob[Any]] = {
         lambda: "auto",
         "2-d depthwise convolutions and their backward: 'loops' as generated kernels "
         "that fuse with the batch norms and activations around them; 'aten' as ATen "
-        "calls (cuDNN, oneDNN); 'auto' (default): loops on CUDA (cuDNN compiles its "
-        "channels-last depthwise kernels at run time on first use), ATen calls on the "
-        "CPU (oneDNN's kernels measured faster).",
+        "calls (cuDNN, oneDNN); 'auto' (default): each device's choice, ATen calls on "
+        "every device for now (the CPU: oneDNN's kernels measured faster; CUDA: the "
+        "generated kernels have not yet run on a GPU).",
     ),
     "matmul_templates": Knob(
         "EMBER_MATMUL_TEMPLATES",
