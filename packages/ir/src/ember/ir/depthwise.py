@@ -190,9 +190,13 @@ def lower_convolution(lowering: GraphLowering, node: torch.fx.Node) -> Any:
     reason = _depthwise_reason(x_val, w_val, bool(a["transposed"]), int(a["groups"]), stride)
     b_arg = a["bias"]
     b_val = b_arg.meta.get("val") if isinstance(b_arg, torch.fx.Node) else None
-    if reason is None and isinstance(x_val, torch.Tensor) and isinstance(b_val, torch.Tensor):
-        if b_val.dtype != x_val.dtype:  # eager raises; its meta function does not
-            reason = f"a {b_val.dtype} bias for a {x_val.dtype} input (the ATen call raises)"
+    if (
+        reason is None
+        and isinstance(x_val, torch.Tensor)
+        and isinstance(b_val, torch.Tensor)
+        and b_val.dtype != x_val.dtype  # eager raises; its meta function does not
+    ):
+        reason = f"a {b_val.dtype} bias for a {x_val.dtype} input (the ATen call raises)"
     if reason is None:
         assert isinstance(x_val, torch.Tensor)
         reason = _switched_off(lowering, x_val.device)
