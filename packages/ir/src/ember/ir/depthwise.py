@@ -52,7 +52,7 @@ from torch.utils._sympy.functions import FloorDiv
 from ember.ir.assemble import all_of, guard, index_value
 from ember.ir.expr import Node, Where
 from ember.ir.loops import Reduction
-from ember.ir.lowering import GraphLowering, register_lowering
+from ember.ir.lowering import GraphLowering, arg_val, register_lowering
 from ember.ir.pointwise import op
 from ember.ir.pooling import guard_window, spatial_arg
 from ember.ir.reduction import acc_dtype
@@ -136,9 +136,22 @@ def _depthwise_reason(
     return None
 
 
-def _switched_off(lowering: GraphLowering, device: torch.device) -> str | None:
-    if device.type in lowering.options.extern_depthwise:
-        return f"depthwise convolutions on {device.type} are ATen calls here"
+def _refusal(lowering: GraphLowering, a: dict[str, Any], alike: Sequence[Any]) -> str | None:
+    """Why this convolution, or its backward (bound arguments `a`), stays an ATen
+    call: it is not a 2-d depthwise one; a tensor of `alike` (the bias, the output
+    gradient) is missing or of another dtype than the input (for a bias eager raises,
+    and its meta function does not); or the device type keeps them ATen calls."""
+    x, w = arg_val(a["input"]), arg_val(a["weight"])
+    stride = spatial_arg(a["stride"], 2)
+    reason = _depthwise_reason(x, w, bool(a["transposed"]), int(a["groups"]), stride)
+    if reason is not None:
+        return reason
+    assert isinstance(x, torch.Tensor)
+    for other in alike:
+        if not isinstance(other, torch.Tensor) or other.dtype != x.dtype:
+            return f"an operand of another dtype than the {x.dtype} input (the bias, the gradient)"
+    if x.device.type in lowering.options.extern_depthwise:
+        return f"depthwise convolutions on {x.device.type} are ATen calls here"
     return None
 
 
@@ -183,29 +196,15 @@ def lower_convolution(lowering: GraphLowering, node: torch.fx.Node) -> Any:
     """A 2-d depthwise convolution as pointwise code (the module docstring); any other
     convolution stays an ATen call."""
     a = lowering.args(node)
-    x_arg, w_arg = a["input"], a["weight"]
-    x_val = x_arg.meta.get("val") if isinstance(x_arg, torch.fx.Node) else None
-    w_val = w_arg.meta.get("val") if isinstance(w_arg, torch.fx.Node) else None
-    stride = spatial_arg(a["stride"], 2)
-    reason = _depthwise_reason(x_val, w_val, bool(a["transposed"]), int(a["groups"]), stride)
-    b_arg = a["bias"]
-    b_val = b_arg.meta.get("val") if isinstance(b_arg, torch.fx.Node) else None
-    if (
-        reason is None
-        and isinstance(x_val, torch.Tensor)
-        and isinstance(b_val, torch.Tensor)
-        and b_val.dtype != x_val.dtype  # eager raises; its meta function does not
-    ):
-        reason = f"a {b_val.dtype} bias for a {x_val.dtype} input (the ATen call raises)"
-    if reason is None:
-        assert isinstance(x_val, torch.Tensor)
-        reason = _switched_off(lowering, x_val.device)
+    bias_arg = a["bias"]
+    reason = _refusal(lowering, a, [arg_val(bias_arg)] if bias_arg is not None else [])
     if reason is not None:
         return lowering.intentional_extern(node, reason)
-    weight = lowering.tensor(w_arg)
+    weight = lowering.tensor(a["weight"])
     kh_count, kw_count = (int(k) for k in weight.size[2:])
-    x = _conv_input(lowering, x_arg, kh_count * kw_count, stride)
-    bias = lowering.tensor(a["bias"]) if a["bias"] is not None else None
+    stride = spatial_arg(a["stride"], 2)
+    x = _conv_input(lowering, a["input"], kh_count * kw_count, stride)
+    bias = lowering.tensor(bias_arg) if bias_arg is not None else None
     out_size = lowering.out_size(node)
     ax_h, ax_w = _axes(a, [kh_count, kw_count], x.size[2:], out_size[2:])
     dtype = acc_dtype(x.dtype)
@@ -218,9 +217,10 @@ def lower_convolution(lowering: GraphLowering, node: torch.fx.Node) -> Any:
             for kw in range(kw_count):
                 w, checks_w = ax_w.read(i[3], sympy.Integer(kw), kw)
                 checks = checks_h + checks_w
-                value = x.loader([*i[:2], h, w])
                 if checks:
                     value = guard_window(x, i, [h, w], all_of(checks))
+                else:
+                    value = x.loader([*i[:2], h, w])
                 tap = weight.loader([ch, sympy.Integer(0), sympy.Integer(kh), sympy.Integer(kw)])
                 product = op("mul", cast(value, dtype), cast(tap, dtype))
                 terms.append(_masked(checks, product, dtype))
@@ -238,17 +238,8 @@ def lower_convolution_backward(lowering: GraphLowering, node: torch.fx.Node) -> 
     stays an ATen call."""
     a = lowering.args(node)
     x_arg, w_arg, g_arg = a["input"], a["weight"], a["grad_output"]
-    x_val = x_arg.meta.get("val") if isinstance(x_arg, torch.fx.Node) else None
-    w_val = w_arg.meta.get("val") if isinstance(w_arg, torch.fx.Node) else None
-    g_val = g_arg.meta.get("val") if isinstance(g_arg, torch.fx.Node) else None
-    stride = spatial_arg(a["stride"], 2)
-    reason = _depthwise_reason(x_val, w_val, bool(a["transposed"]), int(a["groups"]), stride)
-    if reason is None:
-        assert isinstance(x_val, torch.Tensor)
-        if not isinstance(g_val, torch.Tensor) or g_val.dtype != x_val.dtype:
-            reason = "an output gradient of another dtype"
-        else:
-            reason = _switched_off(lowering, x_val.device)
+    x_val, g_val = arg_val(x_arg), arg_val(g_arg)
+    reason = _refusal(lowering, a, [g_val])
     if reason is not None:
         return lowering.intentional_extern(node, reason)
     mask = [bool(m) for m in a["output_mask"]]
@@ -324,11 +315,7 @@ def _grad_weight(
     if checks:
         value = guard(value, all_of(checks))
     product = op("mul", cast(grad.loader([n, i[0], oh, ow]), dtype), cast(value, dtype))
-    body = _masked(checks, product, dtype)
-    window = (grad.size[0], grad.size[2], grad.size[3])
-    layout = lowering.node_layout(x.device, dtype, ranges)
-    summed = lowering.tensor(lowering.store(Reduction(ranges, window, "sum", body), layout))
-    return LazyTensor(x.device, out_dtype, ranges, lambda j: cast(summed.loader(j), out_dtype))
+    return _summed(lowering, grad, ranges, _masked(checks, product, dtype), dtype, out_dtype)
 
 
 def _grad_bias(
@@ -339,6 +326,20 @@ def _grad_bias(
     (ch,) = loop_vars(1)
     n, oh, ow = (index_var("r", d) for d in range(3))
     body = cast(grad.loader([n, ch, oh, ow]), dtype)
+    return _summed(lowering, grad, ranges, body, dtype, out_dtype)
+
+
+def _summed(
+    lowering: GraphLowering,
+    grad: LazyTensor,
+    ranges: tuple[sympy.Expr, ...],
+    body: Node,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
+) -> LazyTensor:
+    """`body` summed in `dtype` over the batch and the output positions of `grad`
+    (reduction variables r0..r2) for each point of `ranges`, stored, read as
+    `out_dtype`."""
     window = (grad.size[0], grad.size[2], grad.size[3])
     layout = lowering.node_layout(grad.device, dtype, ranges)
     summed = lowering.tensor(lowering.store(Reduction(ranges, window, "sum", body), layout))

@@ -882,6 +882,11 @@ class GraphLowering:
         return tuple(as_expr(s) for s in self.out_val(node).shape)
 
 
+def arg_val(arg: Any) -> Any:
+    """The example value (fake tensor) of a node argument, None for anything else."""
+    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+
+
 def int_arg(value: Any) -> int:
     """An integer argument of an FX node (FX types them as any argument)."""
     return int(value)

@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from ember.ir.expr import IndexExpr, Node
-from ember.ir.lowering import GraphLowering, NotLowerable, register_lowering
+from ember.ir.lowering import GraphLowering, NotLowerable, arg_val, register_lowering
 from ember.ir.pointwise import c, op
 from ember.ir.reduction import acc_dtype, reduce, welford
 from ember.ir.symbolic import as_expr
@@ -306,9 +306,9 @@ def lower_batch_norm_backward(
     need_dot = mask[1] or (mask[0] and train)
     need_sum = mask[2] or (mask[0] and train)
     readers_dy = int(need_sum) + int(need_dot) + int(mask[0])
-    grad = lowering.read_by(_typed(dy, dtype), readers_dy, _arg_val(node, "grad_out", a))
+    grad = lowering.read_by(_typed(dy, dtype), readers_dy, arg_val(a.get("grad_out")))
     readers_x = int(need_dot) + int(mask[0] and train)
-    xs = lowering.read_by(_typed(x, dtype), readers_x, _arg_val(node, "input", a))
+    xs = lowering.read_by(_typed(x, dtype), readers_x, arg_val(a.get("input")))
 
     def centred(index: Index) -> Node:
         return op("sub", xs.loader(index), mean_at([index[1]]))
@@ -354,9 +354,3 @@ def lower_batch_norm_backward(
         assert sum_dy is not None
         results[2] = _typed(sum_dy, vals[2].dtype)
     return tuple(results)
-
-
-def _arg_val(node: torch.fx.Node, name: str, args: dict[str, Any]) -> Any:
-    """The fake tensor of argument `name` of `node`, if it has one."""
-    arg = args.get(name)
-    return arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None

@@ -39,7 +39,7 @@ from ember.ir.lowering import (
 from ember.ir.pointwise import op
 from ember.ir.symbolic import as_expr, index_var, static_int
 from ember.ir.tensor import LazyTensor, const
-from ember.ir.views import norm_dim, reshape_map, view_of
+from ember.ir.views import norm_dim, numel, reshape_map, view_of
 
 aten = torch.ops.aten
 
@@ -150,9 +150,7 @@ def lower_median(lowering: GraphLowering, node: torch.fx.Node) -> object:
     source = lowering.tensor(node.args[0])
     if source.dtype.is_complex:
         raise NotLowerable("a median of complex values")
-    count = sympy.Integer(1)
-    for extent in source.size:
-        count = count * extent
+    count = numel(source.size)
     flat = view_of(source, (count,), reshape_map(source.size, (count,)))
     reason = _too_long(lowering, flat, 0)
     if reason is not None:
