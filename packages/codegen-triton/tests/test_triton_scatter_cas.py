@@ -18,20 +18,16 @@ be set before Triton is imported), which prints one JSON record per case.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import subprocess
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from triton_cases import run_schedule
+from triton_cases import interpret, report, run_schedule
 
 from ember.codegen.triton import render_kernel
 from ember.codegen.triton.plan import config_menu, plan_kernel
@@ -224,30 +220,7 @@ def run_case(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict[str, Any]]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    names = list(CASES)
-    processes = [
-        subprocess.Popen(
-            [sys.executable, __file__, *names[k::2]],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in range(2)
-    ]
-    results: dict[str, dict[str, Any]] = {}
-    errors = []
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=600)
-        errors.append(stderr[-4000:])
-        for line in stdout.splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                results[record["case"]] = record
-    if not results:
-        pytest.fail("the interpreter runs produced nothing:\n" + "\n".join(errors))
-    return results
+    return interpret(__file__, list(CASES), processes=2)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -271,15 +244,5 @@ def test_triton_float_atomics_lose_the_nan_eager_keeps(
     assert record["atomics_match"] is False
 
 
-def _main(names: list[str]) -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    for name in names:
-        try:
-            record = run_case(name)
-        except Exception as exc:
-            record = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()}"}
-        print(json.dumps(record), flush=True)
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    report(run_case, sys.argv[1:])

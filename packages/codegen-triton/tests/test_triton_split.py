@@ -9,18 +9,14 @@ prints one JSON line per case.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from triton_cases import run_schedule
+from triton_cases import interpret, report, run_schedule
 
 from ember.codegen.triton import COLUMN_XBLOCK, TRITON_CHOICES, plan_kernel, render_kernel
 from ember.codegen.triton.plan import config_menu
@@ -133,22 +129,7 @@ def run_case(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict[str, Any]]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    process = subprocess.run(
-        [sys.executable, __file__, *CASES],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    results = {}
-    for line in process.stdout.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            results[record["case"]] = record
-    if not results:
-        pytest.fail("the interpreter run produced nothing:\n" + process.stderr[-4000:])
-    return results
+    return interpret(__file__, list(CASES))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -171,15 +152,5 @@ def test_split_kernels_match_eager_in_the_interpreter(
     assert record["kernels"] == 1 + record["partials"] + (case == "any_all")
 
 
-def _main(names: list[str]) -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    for name in names:
-        try:
-            record = run_case(name)
-        except Exception as exc:
-            record = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()}"}
-        print(json.dumps(record), flush=True)
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    report(run_case, sys.argv[1:])

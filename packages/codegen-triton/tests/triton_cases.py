@@ -1,15 +1,23 @@
-"""Shared helpers: real fused kernels from small PyTorch functions, and running a
-traced function's schedule with the rendered kernels (in Triton's interpreter, where
-the caller set `TRITON_INTERPRET=1` before importing Triton)."""
+"""Shared helpers: real fused kernels from small PyTorch functions; running a traced
+function's schedule with the rendered kernels (in Triton's interpreter, where the
+caller set `TRITON_INTERPRET=1` before importing Triton); and running a test file's
+cases in such interpreter subprocesses (`interpret`, and `report` for the file's
+`__main__`)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -92,3 +100,44 @@ def run_schedule(
                 num_stages=launch.num_stages,
             )
     return [env[o.name] if isinstance(o, BufferRef) else o for o in program.outputs]
+
+
+def interpret(test_file: str, names: list[str], processes: int = 1) -> dict[str, dict[str, Any]]:
+    """Run `python test_file NAME...` under `TRITON_INTERPRET=1` (which must be set
+    before Triton is imported, and must not leak into other tests), the names shared
+    among `processes` at once; the JSON record each prints per case, by case."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    running = [
+        subprocess.Popen(
+            [sys.executable, test_file, *names[k::processes]],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(processes)
+    ]
+    results: dict[str, dict[str, Any]] = {}
+    errors = []
+    for process in running:
+        stdout, stderr = process.communicate(timeout=600)
+        errors.append(stderr[-4000:])
+        for line in stdout.splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                results[record["case"]] = record
+    if not results:
+        pytest.fail("the interpreter runs produced nothing:\n" + "\n".join(errors))
+    return results
+
+
+def report(run_case: Callable[[str], dict[str, Any]], names: list[str]) -> None:
+    """A test file's `__main__` under `interpret`: one JSON record per case, a failure
+    (with its traceback) as a record too."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for name in names:
+        try:
+            record = run_case(name)
+        except Exception as exc:
+            record = {"case": name, "ok": False, "error": f"{exc!r}\n{traceback.format_exc()}"}
+        print(json.dumps(record), flush=True)
