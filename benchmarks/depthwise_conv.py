@@ -1,6 +1,8 @@
 """Depthwise convolutions on a CUDA GPU: eager channels-last and NCHW, ember (its own
-kernels: EMBER_DEPTHWISE=auto lowers them on CUDA) and Inductor's default, forward and
-forward + backward, bfloat16, on MobileNetV3's and ConvNeXt's depthwise shapes.
+kernels: this script sets EMBER_DEPTHWISE=loops unless it is set) and Inductor's
+default, forward and forward + backward, bfloat16, on MobileNetV3's and ConvNeXt's
+depthwise shapes. Ember's output is checked against eager's channels-last output
+(largest difference, `err`), and its kernel count (`kern`) shows it ran its own loops.
 
 Also the first call's seconds of eager channels-last (cuDNN 9.10 and later compiles its
 channels-last depthwise kernels at run time on first use, NVIDIA/cudnn-frontend#1066)
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("EMBER_STRICT", "1")
+os.environ.setdefault("EMBER_DEPTHWISE", "loops")
 
 import torch
 import torch._dynamo
@@ -81,24 +84,31 @@ def _first_s(fn: Callable[[], Any]) -> float:
 def measure(shape: tuple[int, int, int, int], batch: int, backward: bool) -> dict[str, float]:
     channels, size, kernel, stride = shape
     device = torch.device("cuda")
+    from ember.runtime.compiler import compile_records
+
     results: dict[str, float] = {}
+    x = torch.randn(batch, channels, size, size, device="cuda", dtype=torch.bfloat16)
+    reference: Any = None
     for label, fmt in (("eager_cl", torch.channels_last), ("eager_nchw", torch.contiguous_format)):
-        x = torch.randn(batch, channels, size, size, device="cuda", dtype=torch.bfloat16)
-        x = x.to(memory_format=fmt).requires_grad_(backward)
-        fn = _runner(_conv(channels, kernel, stride, fmt), x, backward)
+        torch.manual_seed(0)
+        xf = x.detach().to(memory_format=fmt).requires_grad_(backward)
+        fn = _runner(_conv(channels, kernel, stride, fmt), xf, backward)
         if label == "eager_cl":
             results["first_eager_cl_s"] = _first_s(fn)
+            reference = fn().detach()
         results[label] = median_ms(fn, device)
-    x = torch.randn(batch, channels, size, size, device="cuda", dtype=torch.bfloat16)
-    x = x.to(memory_format=torch.channels_last).requires_grad_(backward)
+    xc = x.detach().to(memory_format=torch.channels_last).requires_grad_(backward)
     for label, backend in (("ember", "ember"), ("inductor", "inductor")):
         torch._dynamo.reset()
-        module = torch.compile(
-            _conv(channels, kernel, stride, torch.channels_last), backend=backend
-        )
-        fn = _runner(module, x, backward)
+        torch.manual_seed(0)  # the same weights as eager's channels-last module
+        conv = _conv(channels, kernel, stride, torch.channels_last)
+        module = torch.compile(conv, backend=backend)
+        fn = _runner(module, xc, backward)
         if label == "ember":
+            first = len(compile_records)
             results["first_ember_s"] = _first_s(fn)
+            results["kern"] = sum(r.kernels for r in compile_records[first:])
+            results["err"] = float((fn().detach().float() - reference.float()).abs().max())
         results[label] = median_ms(fn, device)
     return results
 
@@ -114,7 +124,8 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
           f"{torch.cuda.get_device_name()}, bf16, batch {args.batch}, EMBER_STRICT="
-          f"{os.environ.get('EMBER_STRICT')}")  # fmt: skip
+          f"{os.environ.get('EMBER_STRICT')}, "
+          f"EMBER_DEPTHWISE={os.environ['EMBER_DEPTHWISE']}")  # fmt: skip
     rows: list[tuple[str, str, dict[str, float]]] = []
     for group in args.shapes.split(","):
         for name, shape in SHAPES[group].items():
@@ -123,6 +134,7 @@ def main() -> None:
                 rows.append((name, direction, found))
                 print(name, direction, {k: round(v, 4) for k, v in found.items()}, flush=True)
     columns = ("eager_cl", "eager_nchw", "ember", "inductor", "first_eager_cl_s", "first_ember_s")
+    columns += ("kern", "err")
     header = f"{'shape':<22} {'dir':<8}" + "".join(f"{c:>17}" for c in columns)
     print()
     print("ms per call (median), first call in seconds")
