@@ -124,6 +124,7 @@ from ember.runtime.artifact import (
     versions,
 )
 from ember.runtime.collection import full_collections_deferred
+from ember.runtime.dtype_gaps import first_gap
 from ember.runtime.pyexpr import pyexpr, symbol_name
 
 FORMAT = 1
@@ -168,6 +169,9 @@ def compile_and_package(
     from ember.runtime.config import config
 
     _refuse_unsupported(exported_program)
+    gap = first_gap(exported_program.graph_module)
+    if gap is not None:  # a package would return values where the program raises
+        raise PackageError(f"the program cannot run eagerly: {gap.describe()}")
     _check_replaceable(Path(package_path))
     ep = exported_program.run_decompositions(ember_decompositions())
     _refuse_unsupported(ep)

@@ -32,9 +32,9 @@ from ember.graphpasses import (
     rewrite_attention_pregrad,
 )
 from ember.graphpasses.graph_edit import output_node
-from ember.runtime import compile_cache, compile_pool
+from ember.runtime import compile_cache, compile_pool, dtype_gaps
 from ember.runtime.collection import full_collections_deferred
-from ember.runtime.compiler import compile_graph
+from ember.runtime.compiler import EmberCompileError, compile_graph
 from ember.runtime.config import KNOBS, EmberConfigError, config
 from ember.runtime.devices import defaults_for
 
@@ -229,7 +229,24 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwa
     kwargs.pop("name", None)  # torch.compile's name for the compiled region
     settings = call_settings(mode, options)
     with config.frozen(settings), full_collections_deferred():
+        gap = dtype_gaps.first_gap(gm)
+        if gap is not None:
+            return _refused_by_eager(gm, gap)
         return _aot_call(gm, example_inputs, settings, kwargs)
+
+
+def _refused_by_eager(gm: torch.fx.GraphModule, gap: dtype_gaps.DtypeGap) -> Any:
+    """A graph with an op eager has no kernel for at its dtypes runs eagerly, where
+    that op raises eager's own error (ember.runtime.dtype_gaps); strict mode raises
+    at compile time."""
+    message = (
+        f"{gap.describe()}; the graph runs eagerly, so that it raises as eager does "
+        "(cast the input to a dtype the op supports)"
+    )
+    if config.strict:
+        raise EmberCompileError("dynamo", "dtype check", NotImplementedError(message))
+    log.warning("ember: %s", message)
+    return gm.forward
 
 
 def _aot_call(

@@ -11,6 +11,11 @@ sample upcast to float64 as the precise reference. One outcome per (op, dtype):
 - skip: nothing to compare: the dtype is unsupported, eager raises, the op is random or
   returns uninitialised memory, or Dynamo sent no graph to ember.
 
+With `--eager-errors` the sweep turns to the dtypes each op does *not* support on the
+device: where eager raises on the first sample, ember must raise too (pass), never
+return values (mismatch): same answer as eager, or the same error. A dtype eager runs
+after all is a skip.
+
 `python -m ember.runtime.opinfo` runs the sweep, prints one summary line per dtype and
 writes JSON; with `--no-fallback` (EMBER_FALLBACK=0 + EMBER_STRICT=1) the pass count is
 ember's lowering coverage. The op database lives in `torch.testing._internal`, which
@@ -189,6 +194,46 @@ def check_op(op: Any, dtype: torch.dtype, device: str = "cpu") -> OpOutcome:
     return OpOutcome(label, name, "pass", "", err, graphs)
 
 
+def check_eager_error(op: Any, dtype: torch.dtype, device: str = "cpu") -> OpOutcome:
+    """For a dtype `op` does not support on `device`: eager's first sample raises, and
+    so must ember's compiled call (pass); values from ember are a mismatch."""
+    label, name = op_label(op), str(dtype).removeprefix("torch.")
+    if dtype in op.supported_dtypes(device):
+        return OpOutcome(label, name, "skip", "dtype supported")
+    try:
+        sample = next(iter(op.sample_inputs(device, dtype, requires_grad=False)), None)
+    except Exception as exc:
+        return OpOutcome(label, name, "skip", f"no sample input: {type(exc).__name__}")
+    if sample is None:
+        return OpOutcome(label, name, "skip", "no sample input")
+    try:
+        _call(op, _clone(sample))
+    except Exception as exc:
+        eager_error = _first_line(exc)
+    else:
+        return OpOutcome(label, name, "skip", "eager runs this dtype")
+
+    def fn(x: Any, *args: Any, **kwargs: Any) -> Any:
+        return op(x, *args, **kwargs)
+
+    torch._dynamo.reset()
+    first = len(compile_records)
+    try:
+        x, args, kwargs = _clone(sample)
+        torch.compile(fn, backend="ember")(x, *args, **kwargs)
+    except Exception as exc:
+        detail = f"both raise; eager: {eager_error}; ember: {_first_line(exc)}"
+        return OpOutcome(label, name, "pass", detail[:400], graphs=len(compile_records) - first)
+    graphs = len(compile_records) - first
+    detail = f"eager raises ({eager_error}); ember returned values"
+    return OpOutcome(label, name, "mismatch", detail[:400], graphs=graphs)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:160]
+
+
 def run_sweep(
     ops: Sequence[Any],
     dtypes: Sequence[torch.dtype],
@@ -196,17 +241,20 @@ def run_sweep(
     device: str = "cpu",
     fallback: bool = True,
     progress: Callable[[int, int, str], None] | None = None,
+    eager_errors: bool = False,
 ) -> list[OpOutcome]:
-    """Check each op at each dtype, ember in strict mode (compile failures are errors)."""
+    """Check each op at each dtype, ember in strict mode (compile failures are errors);
+    with `eager_errors`, the dtypes the ops do not support (`check_eager_error`)."""
     results: list[OpOutcome] = []
     total = len(ops) * len(dtypes)
+    check = check_eager_error if eager_errors else check_op
     with config.scope(fallback=fallback, strict=True), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for dtype in dtypes:
             for op in ops:
                 if progress is not None:
                     progress(len(results), total, op_label(op))
-                results.append(check_op(op, dtype, device))
+                results.append(check(op, dtype, device))
     torch._dynamo.reset()
     return results
 
@@ -230,6 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="write the outcomes here")
     parser.add_argument("--show", default="mismatch,error", help="outcomes to list in full")
+    parser.add_argument(
+        "--eager-errors",
+        action="store_true",
+        help="the dtypes each op does not support: where eager raises, ember must raise",
+    )
     args = parser.parse_args(argv)
     ops = load_op_db()
     if args.ops:
@@ -247,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\r[{done}/{total}] {label:<40}", end="", file=sys.stderr, flush=True)
 
     results = run_sweep(ops, dtypes, device=args.device, fallback=not args.no_fallback,
-                        progress=progress)  # fmt: skip
+                        progress=progress, eager_errors=args.eager_errors)  # fmt: skip
     print(file=sys.stderr)
     shown = set(args.show.split(","))
     for r in results:
@@ -258,7 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1))
-    return 1 if any(r.outcome == "mismatch" for r in results) and not args.no_fallback else 0
+    must_match = not args.no_fallback or args.eager_errors
+    return 1 if any(r.outcome == "mismatch" for r in results) and must_match else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,185 @@
+"""A graph with an op eager has no kernel for at its dtypes raises eager's error
+compiled too (ember.runtime.dtype_gaps), and graphs eager runs are not refused."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember.runtime  # noqa: F401  # registers backend="ember"
+from ember.runtime import dtype_gaps
+from ember.runtime.aot import PackageError, compile_and_package
+from ember.runtime.compiler import compile_records
+from ember.runtime.config import config
+
+
+def _eager_error(fn: Callable[..., Any], *args: Any) -> str:
+    with pytest.raises(NotImplementedError) as caught:
+        fn(*args)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [
+        (F.silu, (torch.arange(6),)),  # "silu_cpu" not implemented for 'Long'
+        (lambda x: torch.argmax(x & x), (torch.tensor([True, False]),)),
+        (torch.special.zeta, (torch.ones(3, dtype=torch.bfloat16),) * 2),
+        (lambda x: x - x, (torch.tensor([True]),)),  # bool subtraction
+    ],
+    ids=["silu_int64", "argmax_bool", "zeta_bfloat16", "sub_bool"],
+)
+def test_a_graph_eager_refuses_raises_eagers_error(fn: Callable[..., Any], args: Any) -> None:
+    message = _eager_error(fn, *args)
+    torch._dynamo.reset()
+    with pytest.raises(NotImplementedError) as caught:
+        torch.compile(fn, backend="ember")(*args)
+    assert str(caught.value) == message
+
+
+def test_strict_mode_names_the_node_at_compile_time() -> None:
+    torch._dynamo.reset()
+    with config.scope(strict=True), pytest.raises(Exception, match="silu on int64"):
+        torch.compile(F.silu, backend="ember")(torch.arange(6))
+
+
+def test_graphs_eager_runs_compile() -> None:
+    """Integer indices into a float table, a bf16 softmax and a cast of integers are
+    run by eager, so the graphs compile (no ATen graph ran eagerly)."""
+
+    def fn(table: torch.Tensor, ids: torch.Tensor, scores: torch.Tensor) -> Any:
+        looked_up = F.embedding(ids, table).sum(-1)
+        return looked_up + ids.float(), torch.softmax(scores, -1), F.silu(ids.float())
+
+    args = (torch.randn(10, 4), torch.tensor([[1, 2], [3, 9]]), torch.randn(2, 5).bfloat16())
+    torch._dynamo.reset()
+    first = len(compile_records)
+    with config.scope(strict=True):
+        got = torch.compile(fn, backend="ember")(*args)
+    for g, want in zip(got, fn(*args), strict=True):
+        torch.testing.assert_close(g, want)
+    records = compile_records[first:]
+    assert records and not any(r.ran_eagerly for r in records)
+
+
+def test_the_probe_leaves_the_random_generator_as_it_was() -> None:
+    """gumbel_softmax draws random numbers and its name does not say so: it is asked,
+    and the generator is put back."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.special.erfcx(F.gumbel_softmax(x)) + torch.rand_like(x)
+
+    gm = torch.fx.symbolic_trace(fn)
+    fake = torch.ones(3, dtype=torch.bfloat16)
+    for node in gm.graph.nodes:
+        node.meta["example_value"] = fake
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    gap = dtype_gaps.first_gap(gm)
+    assert gap is not None and gap.target == "special_erfcx", gap
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def _refuses_dtypes(x: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError(f"not implemented for {x.dtype}")
+
+
+def _needs_a_long_row(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError(f"needs more than {x.shape[-1]} elements")
+
+
+def _checks_for_integers(x: torch.Tensor) -> torch.Tensor:
+    if not x.is_floating_point():
+        raise RuntimeError("Integer inputs are not supported")
+    return x
+
+
+def _int_only_check_that_float_fails_too(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("Integer rows must be longer")
+
+
+def _graph_calling(target: Callable[..., Any], fake: torch.Tensor) -> torch.fx.GraphModule:
+    """x -> target(x), with `fake` as both nodes' example value (as Dynamo records)."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(target, (x,))
+    graph.output(y)
+    for node in (x, y):
+        node.meta["example_value"] = fake
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize(
+    ("target", "found"),
+    [
+        (_refuses_dtypes, True),
+        (_needs_a_long_row, False),
+        (_checks_for_integers, True),
+        (_int_only_check_that_float_fails_too, False),
+    ],
+    ids=["not_implemented", "shape", "dtype_check", "dtype_words_float_fails_too"],
+)
+def test_what_counts_as_a_refusal(target: Callable[..., Any], found: bool) -> None:
+    """A NotImplementedError from the stand-ins is eager's refusal, and so is a
+    RuntimeError naming a dtype that float32 stand-ins do not raise; an error of any
+    other kind (a shape the stand-ins do not satisfy) proves nothing."""
+
+    gap = dtype_gaps.first_gap(_graph_calling(target, torch.ones(60, dtype=torch.int32)))
+    assert (gap is not None) == found, gap
+    if gap is not None:
+        assert gap.dtypes == ("int32",) and gap.error.startswith(("NotImpl", "RuntimeError"))
+
+
+def test_integer_division_by_the_stand_ins_zeros_is_no_refusal() -> None:
+    """The stand-ins' zeros divide by zero in integers (a RuntimeError on the CPU):
+    a value, not a dtype, so the graph compiles."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x // y + torch.remainder(x, y)
+
+    args = (torch.tensor([7, 9, -4]), torch.tensor([2, 4, 3]))
+    torch._dynamo.reset()
+    first = len(compile_records)
+    with config.scope(strict=True):
+        got = torch.compile(fn, backend="ember")(*args)
+    assert torch.equal(got, fn(*args))
+    assert len(compile_records) > first
+
+
+def test_a_program_eager_refuses_gets_no_package(tmp_path: Path) -> None:
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.silu(x) + 1
+
+    ep = torch.export.export(Model(), (torch.arange(4),))
+    with pytest.raises(PackageError, match="silu on int64"):
+        compile_and_package(ep, tmp_path / "model.ember")
+    assert not (tmp_path / "model.ember").exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("fn", "dtype"),
+    [(torch.igamma, torch.bfloat16), (F.silu, torch.int64), (torch.special.zeta, torch.float16)],
+    ids=["igamma_bfloat16", "silu_int64", "zeta_float16"],
+)
+def test_a_graph_eager_refuses_on_cuda_raises_eagers_error(
+    fn: Callable[..., Any], dtype: torch.dtype
+) -> None:
+    """CUDA's kernels refuse other dtypes than the CPU's (igamma takes bfloat16 on the
+    CPU, not on CUDA): the probe asks the device the graph runs on."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    args = [
+        torch.arange(1, 5, device="cuda").to(dtype) for _ in range(2 if fn is not F.silu else 1)
+    ]
+    message = _eager_error(fn, *args)
+    torch._dynamo.reset()
+    with pytest.raises(NotImplementedError) as caught:
+        torch.compile(fn, backend="ember")(*args)
+    assert str(caught.value) == message
