@@ -31,8 +31,9 @@ def _eager_error(fn: Callable[..., Any], *args: Any) -> str:
         (lambda x: torch.argmax(x & x), (torch.tensor([True, False]),)),
         (torch.special.zeta, (torch.ones(3, dtype=torch.bfloat16),) * 2),
         (lambda x: x - x, (torch.tensor([True]),)),  # bool subtraction
+        (lambda x: torch.arange(x.shape[0], dtype=torch.bool), (torch.ones(3),)),  # a factory
     ],
-    ids=["silu_int64", "argmax_bool", "zeta_bfloat16", "sub_bool"],
+    ids=["silu_int64", "argmax_bool", "zeta_bfloat16", "sub_bool", "arange_bool"],
 )
 def test_a_graph_eager_refuses_raises_eagers_error(fn: Callable[..., Any], args: Any) -> None:
     message = _eager_error(fn, *args)

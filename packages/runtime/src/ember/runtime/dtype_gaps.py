@@ -12,7 +12,8 @@ Whether a kernel exists for a dtype is known only to the dispatcher, so each nod
 Dynamo's graph whose tensor inputs include a dtype other than float32 and float64 is
 run once, eagerly, on small stand-ins (same dtype, same number of dimensions, each
 size cut to at most 8, on the same device: ones, and zeros for integers, valid as
-indices). A `NotImplementedError` there is eager's refusal of that dtype; so is a
+indices); a factory call (`arange(..., dtype=torch.bool)`) is asked as it is, where
+its output is small. A `NotImplementedError` there is eager's refusal of that dtype; so is a
 RuntimeError that names a dtype where the same stand-ins in float32 pass (torch
 2.11 words some of its dtype checks so). Errors of any other kind (a shape the
 stand-ins do not satisfy, say) prove nothing and are ignored. Each (target,
@@ -56,7 +57,7 @@ _NOT_ASKED = frozenset(
         "select", "split", "chunk", "unbind", "cat", "stack", "float", "half",
         "bfloat16", "double", "int", "long", "bool", "masked_fill", "where", "copy_",
         "zeros_like", "ones_like", "empty_like", "full_like", "new_zeros", "new_ones",
-        "new_empty", "new_full", "arange", "zeros", "ones", "empty", "full",
+        "new_empty", "new_full", "zeros", "ones", "empty", "full",
         "_set_grad_enabled", "eq", "ne", "lt", "le", "gt", "ge", "add", "mul",
     }
 )  # fmt: skip
@@ -93,18 +94,36 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             name = _target_name(node)
             if name in _NOT_ASKED or _draws_random_numbers(name):
                 continue
-            inputs = [_fake(a) for a in node.all_input_nodes]
-            tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-            if not tensors or all(t.dtype in _ALWAYS_SUPPORTED for t in tensors):
+            dtypes = _asked_dtypes(node)
+            if not dtypes or all(d in _ALWAYS_SUPPORTED for d in dtypes):
                 continue
             key = _signature(node, name)
             if key is None:
                 continue
             error = _refusal(node, key)
             if error is not None:
-                dtypes = tuple(str(t.dtype).removeprefix("torch.") for t in tensors)
-                return DtypeGap(node.name, name, dtypes, error)
+                names = tuple(str(d).removeprefix("torch.") for d in dtypes)
+                return DtypeGap(node.name, name, names, error)
     return None
+
+
+_SMALL_FACTORY = 4096  # elements: a factory call (no tensor input) asked at its own size
+
+
+def _asked_dtypes(node: torch.fx.Node) -> list[torch.dtype]:
+    """The dtypes a node is asked about: its tensor inputs', or for a factory call
+    (`arange(..., dtype=torch.bool)`) the `dtype` it is given, where its output is
+    small enough to make as it is."""
+    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
+    if tensors:
+        return [t.dtype for t in tensors]
+    dtype, out = node.kwargs.get("dtype"), _fake(node)
+    if not isinstance(dtype, torch.dtype) or not isinstance(out, torch.Tensor):
+        return []
+    numel = 1
+    for size in _sizes(out, most=None):
+        numel *= size
+    return [dtype] if numel <= _SMALL_FACTORY else []
 
 
 def _draws_random_numbers(name: str) -> bool:
@@ -163,15 +182,15 @@ def _describe(value: Any) -> Any:
 _MOST = 8  # the stand-ins' largest size in any dimension
 
 
-def _sizes(fake: torch.Tensor) -> tuple[int, ...]:
-    """A fake tensor's sizes cut to at most _MOST; a symbolic size by its hint, read
+def _sizes(fake: torch.Tensor, most: int | None = _MOST) -> tuple[int, ...]:
+    """A fake tensor's sizes cut to at most `most`; a symbolic size by its hint, read
     without a guard (1 where it has none)."""
     sizes = []
     for size in fake.shape:
         if not isinstance(size, int):
             hint = getattr(size.node, "hint", None)
             size = hint if isinstance(hint, int) else 1
-        sizes.append(min(size, _MOST))
+        sizes.append(size if most is None else min(size, most))
     return tuple(sizes)
 
 
