@@ -10,18 +10,37 @@ eager, or the same error: a graph that eager cannot run must not run compiled.
 
 Whether a kernel exists for a dtype is known only to the dispatcher, so each node of
 Dynamo's graph whose tensor inputs include a dtype other than float32 and float64 is
-run once, eagerly, on small stand-ins (same dtype, same number of dimensions, each
-size cut to at most 8, on the same device: ones, and zeros for integers, valid as
-indices); a factory call (`arange(..., dtype=torch.bool)`) is asked as it is, where
-its output is small. A `NotImplementedError` there is eager's refusal of that dtype; so is a
-RuntimeError that names a dtype where the same stand-ins in float32 pass (torch
-2.11 words some of its dtype checks so). Errors of any other kind (a shape the
-stand-ins do not satisfy, say) prove nothing and are ignored. Each (target,
-argument kinds) is asked once per process. The random number generators' states
-are restored afterwards, and random ops are not asked, so the probe leaves no trace
-in what the program computes. `torch.export` programs are asked the same way,
-before decomposition, and one with such a node is refused a package
-(`ember.runtime.aot`).
+run once, eagerly, on small stand-ins: the same dtype and number of dimensions, each
+size cut to at most 8 (equal sizes stay equal, ones stay one), filled with ones, and
+zeros for integers, valid as indices. A factory call (`arange(..., dtype=torch.bool)`)
+is asked as it is, where its output is small. Where the stand-ins go is what keeps
+the probe from harming the process:
+
+- a CPU node, on the CPU: its kernels check indices with exceptions (the full OpInfo
+  database was asked so without harm);
+- a CUDA node whose tensors are all floating point, on its GPU: no value of ones is
+  out of any range, and only there does the GPU's own dtype support show (`igamma`
+  takes bfloat16 on the CPU, not on CUDA);
+- a CUDA node with an integer or bool tensor, on the CPU: an integer's value can be
+  out of range for a GPU kernel (zeros as LU pivots set off a device-side assert on
+  the H100, which ends the CUDA context). The CPU refuses nearly the same integer
+  dtypes as CUDA (OpInfo: CUDA takes four more, abs and trace of bool among them,
+  where the graph then runs eagerly without need; CUDA refuses more, integer matrix
+  products and pooling, which are missed).
+
+Empty stand-ins, which no kernel reads, were tried and rejected: the CPU's flash
+attention divides by their sizes (SIGFPE). Common floating-point ops that take every
+floating dtype on both devices (`_FLOAT_OK`) are not asked, to spare the GPU loading
+kernels ember never runs (a bfloat16 GPT-2's probe took 1.4 s on the H100 without
+that list).
+
+A `NotImplementedError` there is eager's refusal of that dtype; so is a RuntimeError
+that names a dtype where the same stand-ins in float32 pass (torch 2.11 words some
+of its dtype checks so). Errors of any other kind (a shape the stand-ins do not
+satisfy, say) prove nothing and are ignored. Each (target, argument kinds) is asked
+once per process, and the random number generators' states are restored afterwards.
+`torch.export` programs are asked the same way, before decomposition, and one with
+such a node is refused a package (`ember.runtime.aot`).
 
 A graph with such a node runs eagerly, where that node raises eager's own error
 (strict mode raises at compile time instead, naming the node). A false alarm only
@@ -47,8 +66,8 @@ log = logging.getLogger(__name__)
 # sweep on the CPU or CUDA); a node reading only these is not asked
 _ALWAYS_SUPPORTED = frozenset({torch.float32, torch.float64})
 
-# names of targets that take any dtype (shape, view and conversion ops, item access)
-# or that draw random numbers: neither is asked
+# names of targets that take any dtype (shape, view and conversion ops, item access):
+# not asked, to save the time
 _NOT_ASKED = frozenset(
     {
         "getitem", "size", "stride", "dim", "numel", "view", "reshape", "permute",
@@ -61,9 +80,23 @@ _NOT_ASKED = frozenset(
         "_set_grad_enabled", "eq", "ne", "lt", "le", "gt", "ge", "add", "mul",
     }
 )  # fmt: skip
-_RANDOM_WORDS = (
-    "rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "uniform",
-    "exponential", "cauchy", "geometric", "random",
+
+
+# names of ops that take every floating dtype on the CPU and CUDA (and are frequent in
+# models): a node whose tensors are all floating point is not asked about them
+_FLOAT_OK = frozenset(
+    {
+        "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "conv1d", "conv2d",
+        "conv3d", "convolution", "layer_norm", "batch_norm", "rms_norm",
+        "softmax", "log_softmax", "_softmax", "gelu", "silu", "relu", "relu_",
+        "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "pow", "div", "truediv",
+        "sub", "neg", "mean", "sum", "amax", "max", "min", "abs", "erf", "cos", "sin",
+        "scaled_dot_product_attention", "embedding", "dropout", "adaptive_avg_pool2d",
+        "avg_pool2d", "max_pool2d", "hardswish", "hardsigmoid", "softplus", "cumsum",
+        "iadd", "imul", "floordiv", "square", "clamp", "maximum", "minimum", "tril",
+        "triu", "mse_loss", "flip",
+        "roll", "var", "std", "norm", "outer", "einsum", "logsumexp", "argmax",
+    }
 )  # fmt: skip
 
 
@@ -92,10 +125,12 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             if node.op not in ("call_function", "call_method"):
                 continue
             name = _target_name(node)
-            if name in _NOT_ASKED or _draws_random_numbers(name):
+            if name in _NOT_ASKED:
                 continue
             dtypes = _asked_dtypes(node)
             if not dtypes or all(d in _ALWAYS_SUPPORTED for d in dtypes):
+                continue
+            if name in _FLOAT_OK and all(d.is_floating_point for d in dtypes):
                 continue
             key = _signature(node, name)
             if key is None:
@@ -120,16 +155,15 @@ def _asked_dtypes(node: torch.fx.Node) -> list[torch.dtype]:
     dtype, out = node.kwargs.get("dtype"), _fake(node)
     if not isinstance(dtype, torch.dtype) or not isinstance(out, torch.Tensor):
         return []
+    return [dtype] if _numel_hint(out) <= _SMALL_FACTORY else []
+
+
+def _numel_hint(fake: torch.Tensor) -> int:
     numel = 1
-    for size in _sizes(out, most=None):
-        numel *= size
-    return [dtype] if numel <= _SMALL_FACTORY else []
-
-
-def _draws_random_numbers(name: str) -> bool:
-    """By its name: dropout and its kin; a backward (dropout's) draws none."""
-    lowered = name.lower()
-    return "backward" not in lowered and any(w in lowered for w in _RANDOM_WORDS)
+    for size in fake.shape:
+        hint = size if isinstance(size, int) else getattr(size.node, "hint", None)
+        numel *= hint if isinstance(hint, int) else _SMALL_FACTORY + 1
+    return numel
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -161,7 +195,18 @@ def _signature(node: torch.fx.Node, name: str) -> tuple[Any, ...] | None:
     except _Unprobable:
         return None
     parts.append(repr(flat))
+    parts.append(_asked_on(node))
     return tuple(parts)
+
+
+def _asked_on(node: torch.fx.Node) -> torch.device | None:
+    """Where `node`'s stand-ins go: its own device, except the CPU for a CUDA node with
+    an integer or bool tensor (see the module's docstring); None to leave each
+    stand-in on its own tensor's device."""
+    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
+    on_gpu = any(t.device.type == "cuda" for t in tensors)
+    integral = any(not (t.is_floating_point() or t.is_complex()) for t in tensors)
+    return torch.device("cpu") if on_gpu and integral else None
 
 
 class _Unprobable(Exception):
@@ -172,7 +217,7 @@ def _describe(value: Any) -> Any:
     if isinstance(value, torch.fx.Node):
         fake = _fake(value)
         if isinstance(fake, torch.Tensor):
-            return ("tensor", fake.dtype, _sizes(fake), fake.device)
+            return ("tensor", fake.dtype, _sizes(fake), fake.device.type)
         if isinstance(fake, (torch.SymInt, int, torch.SymFloat, float, torch.SymBool, bool)):
             return ("number", type(_stand_in(fake)).__name__)
         raise _Unprobable
@@ -182,26 +227,25 @@ def _describe(value: Any) -> Any:
 _MOST = 8  # the stand-ins' largest size in any dimension
 
 
-def _sizes(fake: torch.Tensor, most: int | None = _MOST) -> tuple[int, ...]:
-    """A fake tensor's sizes cut to at most `most`; a symbolic size by its hint, read
+def _sizes(fake: torch.Tensor) -> tuple[int, ...]:
+    """A fake tensor's sizes cut to at most _MOST; a symbolic size by its hint, read
     without a guard (1 where it has none)."""
     sizes = []
     for size in fake.shape:
         if not isinstance(size, int):
             hint = getattr(size.node, "hint", None)
             size = hint if isinstance(hint, int) else 1
-        sizes.append(size if most is None else min(size, most))
+        sizes.append(min(size, _MOST))
     return tuple(sizes)
 
 
-def _stand_in(value: Any) -> Any:
-    """Small stand-ins for a fake value: a tensor of ones (zeros for integers, valid
-    as indices) of `_sizes`, a number 1. Cutting every size the same way keeps equal
-    sizes equal (a matrix product's inner sizes, a grid's batch) and ones one
-    (broadcasting), and leaves room for the windows of pooling, unfolding and topk."""
+def _stand_in(value: Any, device: torch.device | None = None) -> Any:
+    """A stand-in for a fake value: a tensor of ones (zeros for integers) of `_sizes`
+    on `device` (its own where None), a number 1."""
     if isinstance(value, torch.Tensor):
-        fill = 0 if not (value.is_floating_point() or value.is_complex()) else 1
-        return torch.full(_sizes(value), fill, dtype=value.dtype, device=value.device)
+        fill = 1 if value.is_floating_point() or value.is_complex() else 0
+        where = device if device is not None else value.device
+        return torch.full(_sizes(value), fill, dtype=value.dtype, device=where)
     if isinstance(value, (torch.SymBool, bool)):
         return True
     if isinstance(value, (torch.SymFloat, float)):
@@ -222,10 +266,12 @@ def _refusal(node: torch.fx.Node, key: tuple[Any, ...]) -> str | None:
 
 
 def _ask(node: torch.fx.Node) -> str | None:
+    device = _asked_on(node)
+    kw = {"device": device} if device is not None and "device" in node.kwargs else {}
     try:
         args, kwargs = torch.fx.node.map_aggregate(
-            (node.args, node.kwargs),
-            lambda a: _stand_in(_fake(a)) if isinstance(a, torch.fx.Node) else a,
+            (node.args, {**node.kwargs, **kw}),
+            lambda a: _stand_in(_fake(a), device) if isinstance(a, torch.fx.Node) else a,
         )
     except _Unprobable:
         return None
@@ -246,7 +292,7 @@ def _ask(node: torch.fx.Node) -> str | None:
 
 
 _NAMES_A_DTYPE = re.compile(
-    r"\b(bool|boolean|Bool|Byte|Char|Short|Int|Long|Half|BFloat16|integer|Integer)\b"
+    r"\b(bool|[Bb]oolean|Bool|Byte|Char|Short|Int|Long|Half|BFloat16|[Ii]nteger)\b"
 )
 
 
