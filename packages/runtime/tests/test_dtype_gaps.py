@@ -163,8 +163,13 @@ def test_a_program_eager_refuses_gets_no_package(tmp_path: Path) -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("fn", "dtype"),
-    [(torch.igamma, torch.bfloat16), (F.silu, torch.int64), (torch.special.zeta, torch.float16)],
-    ids=["igamma_bfloat16", "silu_int64", "zeta_float16"],
+    [
+        (torch.igamma, torch.bfloat16),
+        (F.silu, torch.int64),
+        (torch.special.zeta, torch.float16),
+        (torch.dot, torch.int64),  # the CPU takes it; asked on the GPU (no indices)
+    ],
+    ids=["igamma_bfloat16", "silu_int64", "zeta_float16", "dot_int64"],
 )
 def test_a_graph_eager_refuses_on_cuda_raises_eagers_error(
     fn: Callable[..., Any], dtype: torch.dtype
@@ -181,3 +186,20 @@ def test_a_graph_eager_refuses_on_cuda_raises_eagers_error(
     with pytest.raises(NotImplementedError) as caught:
         torch.compile(fn, backend="ember")(*args)
     assert str(caught.value) == message
+
+
+@pytest.mark.cuda
+def test_the_cpu_speaks_for_a_cuda_nodes_integers_only() -> None:
+    """multi_margin_loss's target is integers, so on CUDA it is asked on the CPU, which
+    refuses bfloat16 where CUDA takes it: that refusal is not believed, and the graph
+    compiles and matches eager."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(4, 5, device="cuda", dtype=torch.bfloat16)
+    target = torch.tensor([0, 3, 4, 1], device="cuda")
+    torch._dynamo.reset()
+    first = len(compile_records)
+    with config.scope(strict=True):
+        got = torch.compile(F.multi_margin_loss, backend="ember")(x, target)
+    torch.testing.assert_close(got, F.multi_margin_loss(x, target))
+    assert len(compile_records) > first

@@ -125,8 +125,8 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             if node.op not in ("call_function", "call_method"):
                 continue
             name = _target_name(node)
-            if name in _NOT_ASKED:
-                continue
+            if name in _NOT_ASKED or name.startswith("_unsafe"):
+                continue  # any dtype; or no checks of sizes, which the stand-ins cut
             dtypes = _asked_dtypes(node)
             if not dtypes or all(d in _ALWAYS_SUPPORTED for d in dtypes):
                 continue
@@ -206,7 +206,25 @@ def _asked_on(node: torch.fx.Node) -> torch.device | None:
     tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
     on_gpu = any(t.device.type == "cuda" for t in tensors)
     integral = any(not (t.is_floating_point() or t.is_complex()) for t in tensors)
-    return torch.device("cpu") if on_gpu and integral else None
+    if not (on_gpu and integral) or _target_name(node) in _NO_INDICES:
+        return None
+    return torch.device("cpu")
+
+
+# ops whose integer tensors are data, never indices, offsets or pivots: no value of
+# theirs is out of range for a GPU kernel, so CUDA nodes of theirs are asked on the
+# GPU (CUDA refuses integer matrix products, upsampling of bytes and dropout's
+# backward of integers, which the CPU takes; OpInfo sweep, H100, torch 2.11)
+_NO_INDICES = frozenset(
+    {
+        "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "dot", "vdot", "mv",
+        "inner", "outer", "bilinear", "linear", "einsum", "tensordot", "addmm",
+        "addmv", "baddbmm", "addbmm", "interpolate", "upsample_bilinear",
+        "upsample_nearest", "native_dropout_backward", "max_pool1d", "max_pool2d",
+        "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "conv1d", "conv2d",
+        "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    }
+)  # fmt: skip
 
 
 class _Unprobable(Exception):
@@ -278,6 +296,13 @@ def _ask(node: torch.fx.Node) -> str | None:
     error = _raised(node, args, kwargs)
     if error is None:
         return None
+    if device is not None:
+        # the CPU speaks for a CUDA node's integers only: a refusal that goes away
+        # with its floating-point stand-ins in float32 was about those, which the
+        # GPU may take (multi_margin_loss in bfloat16: CUDA yes, the CPU no)
+        floats_widened = torch.fx.node.map_aggregate((args, kwargs), _floats_in_float32)
+        if _raised(node, *floats_widened) is None:
+            return None
     if isinstance(error, NotImplementedError):
         return _one_line(error)
     # A check of eager's own that names a dtype, written as a RuntimeError (torch 2.11:
@@ -312,6 +337,11 @@ def _raised(node: torch.fx.Node, args: Any, kwargs: Any) -> Exception | None:
 
 def _in_float32(value: Any) -> Any:
     return value.float() if isinstance(value, torch.Tensor) else value
+
+
+def _floats_in_float32(value: Any) -> Any:
+    floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+    return value.float() if floating else value
 
 
 def _one_line(error: Exception) -> str:
