@@ -11,8 +11,9 @@ eager, or the same error: a graph that eager cannot run must not run compiled.
 Whether a kernel exists for a dtype is known only to the dispatcher, so each node of
 Dynamo's graph whose tensor inputs include a dtype other than float32 and float64 is
 run once, eagerly, on small stand-ins: the same dtype and number of dimensions, each
-size cut to at most 8 (equal sizes stay equal, ones stay one), filled with ones, and
-zeros for integers, valid as indices. A factory call (`arange(..., dtype=torch.bool)`)
+size cut to at most 8 (equal sizes stay equal, ones stay one), filled with ones; a
+node with an integer tensor is asked at its own sizes, zeros (valid as indices), and
+only where its tensors are small (see `_cut`). A factory call (`arange(..., dtype=torch.bool)`)
 is asked as it is, where its output is small. Where the stand-ins go is what keeps
 the probe from harming the process:
 
@@ -133,7 +134,7 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             if name in _FLOAT_OK and all(d.is_floating_point for d in dtypes):
                 continue
             key = _signature(node, name)
-            if key is None:
+            if key is None or not _small_enough(node):
                 continue
             error = _refusal(node, key)
             if error is not None:
@@ -191,12 +192,35 @@ def _signature(node: torch.fx.Node, name: str) -> tuple[Any, ...] | None:
     something the probe cannot stand in for."""
     parts: list[Any] = [node.op, node.target if node.op == "call_function" else name]
     try:
-        flat = torch.fx.node.map_aggregate((node.args, node.kwargs), _describe)
+        cut = _cut(node)
+        flat = torch.fx.node.map_aggregate((node.args, node.kwargs), lambda v: _describe(v, cut))
     except _Unprobable:
         return None
     parts.append(repr(flat))
     parts.append(_asked_on(node))
     return tuple(parts)
+
+
+def _integral(node: torch.fx.Node) -> bool:
+    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
+    return any(not (t.is_floating_point() or t.is_complex()) for t in tensors)
+
+
+def _cut(node: torch.fx.Node) -> bool:
+    """Whether `node`'s stand-ins have their sizes cut: not where it has an integer
+    tensor, whose size may be tied to another's in ways a cut breaks (a flat index
+    into a tensor, an index list as long as a dimension) and which an op without
+    checks of its own then reads or writes out of bounds: such a node was asked at
+    cut sizes once and corrupted the CPU's heap (`double free or corruption`, H100
+    machine, torch 2.11). Such nodes are asked at their own sizes, and only small."""
+    return not _integral(node)
+
+
+def _small_enough(node: torch.fx.Node) -> bool:
+    if _cut(node):
+        return True
+    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
+    return all(_numel_hint(t) <= _MOST_EXACT for t in tensors)
 
 
 def _asked_on(node: torch.fx.Node) -> torch.device | None:
@@ -231,39 +255,40 @@ class _Unprobable(Exception):
     pass
 
 
-def _describe(value: Any) -> Any:
+def _describe(value: Any, cut: bool) -> Any:
     if isinstance(value, torch.fx.Node):
         fake = _fake(value)
         if isinstance(fake, torch.Tensor):
-            return ("tensor", fake.dtype, _sizes(fake), fake.device.type)
+            return ("tensor", fake.dtype, _sizes(fake, cut), fake.device.type)
         if isinstance(fake, (torch.SymInt, int, torch.SymFloat, float, torch.SymBool, bool)):
             return ("number", type(_stand_in(fake)).__name__)
         raise _Unprobable
     return value
 
 
-_MOST = 8  # the stand-ins' largest size in any dimension
+_MOST = 8  # a floating-point stand-in's largest size in any dimension
+_MOST_EXACT = 1 << 16  # elements: the largest tensor of a node with integers asked
 
 
-def _sizes(fake: torch.Tensor) -> tuple[int, ...]:
-    """A fake tensor's sizes cut to at most _MOST; a symbolic size by its hint, read
-    without a guard (1 where it has none)."""
+def _sizes(fake: torch.Tensor, cut: bool = True) -> tuple[int, ...]:
+    """A fake tensor's sizes, cut to at most _MOST where `cut`; a symbolic size by its
+    hint, read without a guard (1 where it has none)."""
     sizes = []
     for size in fake.shape:
         if not isinstance(size, int):
             hint = getattr(size.node, "hint", None)
             size = hint if isinstance(hint, int) else 1
-        sizes.append(min(size, _MOST))
+        sizes.append(min(size, _MOST) if cut else size)
     return tuple(sizes)
 
 
-def _stand_in(value: Any, device: torch.device | None = None) -> Any:
+def _stand_in(value: Any, device: torch.device | None = None, cut: bool = True) -> Any:
     """A stand-in for a fake value: a tensor of ones (zeros for integers) of `_sizes`
     on `device` (its own where None), a number 1."""
     if isinstance(value, torch.Tensor):
         fill = 1 if value.is_floating_point() or value.is_complex() else 0
         where = device if device is not None else value.device
-        return torch.full(_sizes(value), fill, dtype=value.dtype, device=where)
+        return torch.full(_sizes(value, cut), fill, dtype=value.dtype, device=where)
     if isinstance(value, (torch.SymBool, bool)):
         return True
     if isinstance(value, (torch.SymFloat, float)):
@@ -284,12 +309,12 @@ def _refusal(node: torch.fx.Node, key: tuple[Any, ...]) -> str | None:
 
 
 def _ask(node: torch.fx.Node) -> str | None:
-    device = _asked_on(node)
+    device, cut = _asked_on(node), _cut(node)
     kw = {"device": device} if device is not None and "device" in node.kwargs else {}
     try:
         args, kwargs = torch.fx.node.map_aggregate(
             (node.args, {**node.kwargs, **kw}),
-            lambda a: _stand_in(_fake(a), device) if isinstance(a, torch.fx.Node) else a,
+            lambda a: _stand_in(_fake(a), device, cut) if isinstance(a, torch.fx.Node) else a,
         )
     except _Unprobable:
         return None
