@@ -203,3 +203,21 @@ def test_the_cpu_speaks_for_a_cuda_nodes_integers_only() -> None:
         got = torch.compile(F.multi_margin_loss, backend="ember")(x, target)
     torch.testing.assert_close(got, F.multi_margin_loss(x, target))
     assert len(compile_records) > first
+
+
+def test_pivots_are_never_asked() -> None:
+    """LAPACK's pivots count from 1 and go unchecked: a graph solving with them is not
+    asked (zeros as pivots corrupted the heap) and compiles as before."""
+    a = torch.randn(4, 4)
+    a = a @ a.T + 4 * torch.eye(4)
+    ld, pivots = torch.linalg.ldl_factor(a)
+    b = torch.randn(4, 2)
+    graph = torch.fx.Graph()
+    nodes = [graph.placeholder(n) for n in ("ld", "pivots", "b")]
+    solved = graph.call_function(torch.linalg.ldl_solve, tuple(nodes))
+    graph.output(solved)
+    for node, value in zip((*nodes, solved), (ld, pivots, b, b), strict=True):
+        node.meta["example_value"] = value
+    asked = len(dtype_gaps._ANSWERS)
+    assert dtype_gaps.first_gap(torch.fx.GraphModule(torch.nn.Module(), graph)) is None
+    assert len(dtype_gaps._ANSWERS) == asked  # not asked at all

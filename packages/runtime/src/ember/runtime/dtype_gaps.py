@@ -126,8 +126,8 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             if node.op not in ("call_function", "call_method"):
                 continue
             name = _target_name(node)
-            if name in _NOT_ASKED or name.startswith("_unsafe"):
-                continue  # any dtype; or no checks of sizes, which the stand-ins cut
+            if name in _NOT_ASKED:
+                continue
             dtypes = _asked_dtypes(node)
             if not dtypes or all(d in _ALWAYS_SUPPORTED for d in dtypes):
                 continue
@@ -209,16 +209,21 @@ def _integral(node: torch.fx.Node) -> bool:
 def _cut(node: torch.fx.Node) -> bool:
     """Whether `node`'s stand-ins have their sizes cut: not where it has an integer
     tensor, whose size may be tied to another's in ways a cut breaks (a flat index
-    into a tensor, an index list as long as a dimension) and which an op without
-    checks of its own then reads or writes out of bounds: such a node was asked at
-    cut sizes once and corrupted the CPU's heap (`double free or corruption`, H100
-    machine, torch 2.11). Such nodes are asked at their own sizes, and only small."""
+    into a tensor, an index list as long as a dimension), which an op without checks
+    of its own would then follow out of bounds. Such nodes are asked at their own
+    sizes, and only where those are small (`_small_enough`)."""
     return not _integral(node)
 
 
 def _small_enough(node: torch.fx.Node) -> bool:
+    """Whether `node` may be asked: any floating-point node; a node with an integer
+    tensor where all its tensors are small and its name holds none of
+    _UNCHECKED_INTEGERS."""
     if _cut(node):
         return True
+    name = _target_name(node).lower()
+    if any(word in name for word in _UNCHECKED_INTEGERS):
+        return False
     tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
     return all(_numel_hint(t) <= _MOST_EXACT for t in tensors)
 
@@ -247,8 +252,18 @@ _NO_INDICES = frozenset(
         "upsample_nearest", "native_dropout_backward", "max_pool1d", "max_pool2d",
         "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "conv1d", "conv2d",
         "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+        "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+        "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d",
+        "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa",
     }
 )  # fmt: skip
+
+# words in the names of ops whose integer tensors no value makes safe: LAPACK's
+# pivots count from 1 and are not checked (zeros as `linalg.ldl_solve`'s pivots
+# corrupted the CPU's heap, `double free or corruption`, GPU machine, torch 2.11),
+# and sparse tensors' index arrays are not checked either. A node with an integer
+# tensor and one of these words in its name is not asked.
+_UNCHECKED_INTEGERS = ("linalg", "lu_", "ldl", "lapack", "cholesky", "sparse", "_unsafe")
 
 
 class _Unprobable(Exception):
