@@ -79,13 +79,20 @@ def cuda(session: nox.Session) -> None:
 @nox.session(default=False)
 def opinfo(session: nox.Session) -> None:
     """The full OpInfo sweep, float32 and bfloat16: fallbacks on (must show no mismatch)
-    and off (lowering coverage). Summary lines on stdout, JSON under bench_out/."""
+    and off (lowering coverage); then the dtypes each op does not support, where eager's
+    error must be ember's too. Summary lines on stdout, JSON under bench_out/."""
     uv_sync(session)
     sweep = ["python", "-m", "ember.runtime.opinfo", "--dtypes", "float32,bfloat16"]
     session.run(*sweep, "--json", "bench_out/opinfo_fallback_on.json", *session.posargs)
     session.run(
         *sweep, "--no-fallback", "--show", "", "--json", "bench_out/opinfo_fallback_off.json"
     )
+    # the dtypes each op does not support: where eager raises, ember must raise too
+    every = "float32,bfloat16,float16,int64,int32,uint8,bool"
+    session.run(
+        "python", "-m", "ember.runtime.opinfo", "--eager-errors", "--dtypes", every,
+        "--json", "bench_out/opinfo_eager_errors.json",
+    )  # fmt: skip
 
 
 @nox.session(default=False)
