@@ -12,17 +12,30 @@ convert the input to that dtype first, as eager does, then accumulate.
 
 cummax/cummin are two scans over the same input, the values and the indices, which
 the scheduler runs in one kernel.
+
+A Scan runs each row in one program, so on a GPU a long row with few beside it is
+serial: cumsum of 1M float32 elements took 379 us on the H100 where eager's took 12.
+On devices in `SEGMENTED_DEVICES`, a sum or product scan of such rows is split into
+segments of `SEGMENT` elements: each segment's total (a Reduction), the running
+combination of the totals before each segment (a short Scan), each segment scanned
+alone (a Scan over all segments at once), and the two combined pointwise.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sympy
 import torch
 import torch.fx
+from torch.utils._sympy.functions import FloorDiv
 
+from ember.ir.assemble import guard, in_range
+from ember.ir.expr import Node, Where
 from ember.ir.layout import Layout
-from ember.ir.loops import Scan
+from ember.ir.loops import Reduction, Scan
 from ember.ir.lowering import GraphLowering, NotLowerable, int_arg, register_lowering
+from ember.ir.pointwise import op
 from ember.ir.symbolic import index_var
 from ember.ir.tensor import LazyTensor, cast, const
 from ember.ir.views import norm_dim
@@ -52,6 +65,8 @@ def scan(
     """Store the `kind` scan of `source` along `dim`, carried as `carried`, stored as
     `stored` in a contiguous buffer of `source`'s sizes."""
     ranges = tuple(s for d, s in enumerate(source.size) if d != dim)
+    if _segmented_pays(source, dim, kind, ranges):
+        return _segmented(lowering, source, dim, kind, carried, stored)
     index: list[sympy.Expr] = []
     for d in range(source.ndim):
         index.append(index_var("r", 0) if d == dim else index_var("i", d - (d > dim)))
@@ -59,6 +74,98 @@ def scan(
     loop = Scan(ranges, source.size[dim], dim, kind, body, stored)
     ref = lowering.store(loop, Layout.contiguous(source.device, stored, source.size))
     return lowering.tensor(ref)
+
+
+SEGMENTED_DEVICES: tuple[str, ...] = ("cuda",)
+SEGMENT = 2048  # elements per segment of a segmented scan
+_LONG = 32768  # the shortest row scanned in segments
+_FEW = 32  # the most rows beside it (more rows keep a GPU busy one program each)
+_COMBINE = {"sum": ("add", 0), "prod": ("mul", 1)}
+
+
+def _segmented_pays(
+    source: LazyTensor, dim: int, kind: str, ranges: tuple[sympy.Expr, ...]
+) -> bool:
+    length, rows = source.size[dim], sympy.Mul(*ranges)
+    static = isinstance(length, sympy.Integer) and isinstance(rows, sympy.Integer)
+    return (
+        source.device.type in SEGMENTED_DEVICES
+        and kind in _COMBINE
+        and static
+        and int(length) >= _LONG
+        and int(rows) <= _FEW
+    )
+
+
+def _segmented(
+    lowering: GraphLowering,
+    source: LazyTensor,
+    dim: int,
+    kind: str,
+    carried: torch.dtype,
+    stored: torch.dtype,
+) -> LazyTensor:
+    """The `kind` scan of `source` along `dim` in segments (see the module docstring):
+    three stored loops and a pointwise result. The rows (the other dimensions) come
+    first in each buffer, then the segment, then the position in it."""
+    combine, identity_value = _COMBINE[kind]
+    identity = const(identity_value, carried)
+    length = source.size[dim]
+    count = -(-int(length) // SEGMENT)
+    rows = tuple(s for d, s in enumerate(source.size) if d != dim)
+    row_vars = [index_var("i", k) for k in range(len(rows))]
+    segment, position = index_var("i", len(rows)), index_var("r", 0)
+
+    def element(row: list[sympy.Expr], at: sympy.Expr) -> Node:
+        """The source at position `at` of the row, the identity past its end."""
+        index = list(row)
+        index.insert(dim, at)
+        inside = in_range(at, sympy.Integer(0), length)
+        return Where(inside, guard(cast(source.loader(index), carried), inside), identity)
+
+    def store(loop: Reduction | Scan, size: tuple[sympy.Expr, ...]) -> LazyTensor:
+        return lowering.tensor(
+            lowering.store(loop, Layout.contiguous(source.device, carried, size))
+        )
+
+    counted = sympy.Integer(count)
+    totals = store(
+        Reduction(
+            (*rows, counted),
+            (sympy.Integer(SEGMENT),),
+            kind,
+            element(row_vars, segment * SEGMENT + position),
+        ),
+        (*rows, counted),
+    )
+    previous = position - 1  # the totals before segment r0: an exclusive scan
+    before = Where(
+        in_range(previous, sympy.Integer(0), counted),
+        guard(totals.loader([*row_vars, previous]), in_range(previous, sympy.Integer(0), counted)),
+        identity,
+    )
+    offsets = store(Scan(rows, counted, len(rows), kind, before, carried), (*rows, counted))
+    pieces = store(
+        Scan(
+            (*rows, counted),
+            sympy.Integer(SEGMENT),
+            len(rows) + 1,
+            kind,
+            element(row_vars, segment * SEGMENT + position),
+            carried,
+        ),
+        (*rows, counted, sympy.Integer(SEGMENT)),
+    )
+
+    def load(index: Sequence[sympy.Expr]) -> Node:
+        row = [e for d, e in enumerate(index) if d != dim]
+        at = index[dim]
+        which = FloorDiv(at, SEGMENT)
+        within = at - SEGMENT * which
+        joined = op(combine, offsets.loader([*row, which]), pieces.loader([*row, which, within]))
+        return cast(joined, stored)
+
+    return LazyTensor(source.device, stored, source.size, load)
 
 
 def _source(lowering: GraphLowering, node: torch.fx.Node) -> tuple[LazyTensor, int | None]:
