@@ -10,24 +10,27 @@ eager, or the same error: a graph that eager cannot run must not run compiled.
 
 Whether a kernel exists for a dtype is known only to the dispatcher, so each node of
 Dynamo's graph whose tensor inputs include a dtype other than float32 and float64 is
-run once, eagerly, on small stand-ins: the same dtype and number of dimensions, each
-size cut to at most 8 (equal sizes stay equal, ones stay one), filled with ones; a
-node with an integer tensor is asked at its own sizes, zeros (valid as indices), and
-only where its tensors are small (see `_cut`). A factory call (`arange(..., dtype=torch.bool)`)
-is asked as it is, where its output is small. Where the stand-ins go is what keeps
-the probe from harming the process:
+run once, eagerly, on stand-ins of the same dtypes and numbers of dimensions: ones,
+each size cut to at most 8 (equal sizes stay equal, ones stay one), for a node of
+floating-point tensors; zeros (valid as indices) at its own sizes, and only where
+they are small, for a node with an integer or bool tensor (`_cut`). A factory call
+(`arange(..., dtype=torch.bool)`) is asked as it is, where its output is small.
+Where the stand-ins go is what keeps the probe from harming the process:
 
-- a CPU node, on the CPU: its kernels check indices with exceptions (the full OpInfo
-  database was asked so without harm);
+- a CPU node, on the CPU: its kernels check indices with exceptions;
 - a CUDA node whose tensors are all floating point, on its GPU: no value of ones is
   out of any range, and only there does the GPU's own dtype support show (`igamma`
   takes bfloat16 on the CPU, not on CUDA);
-- a CUDA node with an integer or bool tensor, on the CPU: an integer's value can be
-  out of range for a GPU kernel (zeros as LU pivots set off a device-side assert on
-  the H100, which ends the CUDA context). The CPU refuses nearly the same integer
-  dtypes as CUDA (OpInfo: CUDA takes four more, abs and trace of bool among them,
-  where the graph then runs eagerly without need; CUDA refuses more, integer matrix
-  products and pooling, which are missed).
+- a CUDA node with an integer or bool tensor, on the CPU (zeros as LU pivots set off
+  a device-side assert on the H100, which ends the CUDA context), except for ops
+  whose integers are data and never indices (`_NO_INDICES`: matrix products,
+  pooling, upsampling, convolutions), which CUDA refuses where the CPU does not and
+  which are asked on the GPU. A CPU refusal counts for a CUDA node only if it is
+  about its integers (it stays with the floating-point stand-ins in float32: the
+  CPU refuses bfloat16 margin losses, CUDA runs them);
+- never a node with integer tensors of LAPACK, sparse or `_unsafe` ops
+  (`_UNCHECKED_INTEGERS`): LAPACK's pivots count from 1 unchecked, and zeros as
+  `linalg.ldl_solve`'s pivots corrupted the CPU's heap.
 
 Empty stand-ins, which no kernel reads, were tried and rejected: the CPU's flash
 attention divides by their sizes (SIGFPE). Common floating-point ops that take every
