@@ -10,7 +10,7 @@ for part in "$@"; do
   start=$(date +%s)
   case "$part" in
     tests) # four pytest processes at once, the test files dealt out largest first: one
-           # process took over 8 minutes on an H100, four took 5.5 (2026-11-25)
+           # process took over 8 minutes on an H100, four took 4.4 (2026-11-25)
            mapfile -t files < <(grep -l "mark.cuda" packages/*/tests/*.py tests/*/*.py | xargs ls -S)
            pids=()
            for g in 0 1 2 3; do
