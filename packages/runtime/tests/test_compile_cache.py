@@ -283,3 +283,18 @@ def test_a_graph_compiled_before_is_remembered_per_graph_inputs_and_settings(
         compile_cache.remember(hint)
         assert not compile_cache.seen(hint)
     assert not (tmp_path / "off").exists()
+
+
+def test_a_real_constant_is_keyed_under_an_active_fake_mode() -> None:
+    """Compiles can run under AOTAutograd's fake mode, where torch ops refuse a real
+    tensor: the key read a constant's bytes there and failed ("Please convert all
+    Tensors to FakeTensors"), so such graphs were never cached (OpInfo sweep logs).
+    Its bytes are keyed all the same, and different values give different keys."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    one, two = torch.tensor(1.0), torch.tensor(2.0)
+    with FakeTensorMode():
+        first = compile_cache._describe(one, values=True)
+        second = compile_cache._describe(two, values=True)
+    assert first != second
+    assert first == compile_cache._describe(one, values=True)  # as outside the mode

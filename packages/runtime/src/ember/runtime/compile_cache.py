@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ember.runtime.artifact import (
     MANIFEST,
@@ -265,7 +266,10 @@ def _describe(value: Any, values: bool = False) -> str:
             f"{_symbols([value.storage_offset()])} {value.device} {value.requires_grad}"
         )
         if values and not isinstance(value, torch._subclasses.FakeTensor):
-            data = value.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy()
+            # a compile can run under an active fake mode (AOTAutograd's), in which
+            # torch ops refuse a real tensor: the constant's bytes are read outside it
+            with unset_fake_temporarily():
+                data = value.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy()
             text += " " + hashlib.sha256(data.tobytes()).hexdigest()
         return text
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
