@@ -221,3 +221,24 @@ def test_pivots_are_never_asked() -> None:
     asked = len(dtype_gaps._ANSWERS)
     assert dtype_gaps.first_gap(torch.fx.GraphModule(torch.nn.Module(), graph)) is None
     assert len(dtype_gaps._ANSWERS) == asked  # not asked at all
+
+
+def test_collectives_are_never_asked() -> None:
+    """An all-reduce of bfloat16 run by one process on stand-ins would wait for the
+    other ranks: collectives are not asked, whatever their dtypes."""
+    import torch.distributed._functional_collectives as collectives
+
+    grads = torch.ones(4, dtype=torch.bfloat16)
+    for target, args in (
+        (torch.ops._c10d_functional.all_reduce.default, ("sum", "0")),
+        (collectives.all_reduce, ("sum", [0, 1])),
+    ):
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        reduced = graph.call_function(target, (x, *args))
+        graph.output(reduced)
+        for node in (x, reduced):
+            node.meta["example_value"] = grads
+        asked = len(dtype_gaps._ANSWERS)
+        assert dtype_gaps.first_gap(torch.fx.GraphModule(torch.nn.Module(), graph)) is None
+        assert len(dtype_gaps._ANSWERS) == asked  # not asked

@@ -129,7 +129,7 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             if node.op not in ("call_function", "call_method"):
                 continue
             name = _target_name(node)
-            if name in _NOT_ASKED:
+            if name in _NOT_ASKED or _communicates(node):
                 continue
             dtypes = _asked_dtypes(node)
             if not dtypes or all(d in _ALWAYS_SUPPORTED for d in dtypes):
@@ -168,6 +168,21 @@ def _numel_hint(fake: torch.Tensor) -> int:
         hint = size if isinstance(size, int) else getattr(size.node, "hint", None)
         numel *= hint if isinstance(hint, int) else _SMALL_FACTORY + 1
     return numel
+
+
+# namespaces of ATen-level ops that talk to other processes
+_COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d", "_dtensor"})
+
+
+def _communicates(node: torch.fx.Node) -> bool:
+    """Whether `node` is a collective or other call to other processes (an all-reduce,
+    an all-gather of bfloat16 shards under FSDP, a wait): run by this process alone on
+    stand-ins, it would wait for ranks that never join it. Never asked."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return target.namespace in _COLLECTIVE_NAMESPACES
+    module = str(getattr(target, "__module__", "") or "")
+    return module.startswith("torch.distributed")
 
 
 def _target_name(node: torch.fx.Node) -> str:
