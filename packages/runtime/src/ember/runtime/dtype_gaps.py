@@ -129,7 +129,7 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             if node.op not in ("call_function", "call_method"):
                 continue
             name = _target_name(node)
-            if name in _NOT_ASKED or _communicates(node):
+            if name in _NOT_ASKED or not _torchs_own(node) or _communicates(node):
                 continue
             dtypes = _asked_dtypes(node)
             if not dtypes or all(d in _ALWAYS_SUPPORTED for d in dtypes):
@@ -172,6 +172,21 @@ def _numel_hint(fake: torch.Tensor) -> int:
 
 # namespaces of ATen-level ops that talk to other processes
 _COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d", "_dtensor"})
+
+
+def _torchs_own(node: torch.fx.Node) -> bool:
+    """Whether `node` calls torch's own code: a tensor method, an ATen or prims op, a
+    function of a `torch` module or of `operator`. Anything else (a custom op, a
+    function under `allow_in_graph`) is the user's code, which the probe must not run
+    a second time (it may count, log or write); where it refuses a dtype, it is an
+    ATen-level call of ember's too and raises eager's error itself."""
+    target = node.target
+    if node.op == "call_method":
+        return True
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return target.namespace in ("aten", "prims")
+    module = str(getattr(target, "__module__", "") or "")
+    return module == "_operator" or module == "torch" or module.startswith("torch.")
 
 
 def _communicates(node: torch.fx.Node) -> bool:
