@@ -258,3 +258,43 @@ def test_the_users_own_functions_are_never_run() -> None:
     gm = _graph_calling(counted, torch.ones(4, dtype=torch.int64))
     assert dtype_gaps.first_gap(gm) is None
     assert calls == []
+
+
+def test_higher_order_operators_are_never_run() -> None:
+    """A higher-order operator (a user's Triton kernel, a print, a wrapped subgraph)
+    would run with the real grid and sizes on stand-ins: never asked."""
+
+    class NeverRun(torch._ops.HigherOrderOperator):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError("not implemented for 'BFloat16'")
+
+    hop = NeverRun("ember_test_never_run")
+    hop.__module__ = "torch.ops.higher_order"  # as torch's own are
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    called = graph.call_function(hop, (x,))
+    graph.output(called)
+    for node in (x, called):
+        node.meta["example_value"] = torch.ones(4, dtype=torch.bfloat16)
+    assert not dtype_gaps._torchs_own(called)
+    asked = len(dtype_gaps._ANSWERS)
+    assert dtype_gaps.first_gap(torch.fx.GraphModule(torch.nn.Module(), graph)) is None
+    assert len(dtype_gaps._ANSWERS) == asked
+
+
+def test_the_answer_is_keyed_by_autocast() -> None:
+    """Autocast changes what dtypes ops see: an answer asked outside it is not reused
+    inside it."""
+    gm = _graph_calling(torch.special.erfcx, torch.ones(4, dtype=torch.bfloat16))
+    (call,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    outside = dtype_gaps._signature(call, "special_erfcx")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = dtype_gaps._signature(call, "special_erfcx")
+    assert outside is not None and inside is not None and outside != inside
+
+
+def test_a_dtype_torch_cannot_fill_is_no_answer_and_no_crash() -> None:
+    gm = _graph_calling(torch.exp2, torch.empty(4, dtype=torch.bits8))
+    (call,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert dtype_gaps._ask(call) is None
+    assert dtype_gaps.first_gap(gm) is None

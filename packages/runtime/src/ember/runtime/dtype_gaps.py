@@ -104,6 +104,10 @@ _FLOAT_OK = frozenset(
 )  # fmt: skip
 
 
+# the floating dtypes _FLOAT_OK speaks for (not float8, which many of its ops refuse)
+_ORDINARY_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
 @dataclass(frozen=True)
 class DtypeGap:
     """A node eager refuses at its input dtypes, and eager's message."""
@@ -124,6 +128,8 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
     """The first node of Dynamo's graph `gm` that eager refuses at its input dtypes, or
     None. Nodes without fake values (`example_value`) or with inputs the probe cannot
     stand in for are not asked."""
+    if any("autocast" in _target_name(n) for n in gm.graph.nodes if n.op == "call_function"):
+        return None  # eager runs those nodes under autocast, which the probe does not
     with _generators_kept():
         for node in gm.graph.nodes:
             if node.op not in ("call_function", "call_method"):
@@ -134,7 +140,7 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
             dtypes = _asked_dtypes(node)
             if not dtypes or all(d in _ALWAYS_SUPPORTED for d in dtypes):
                 continue
-            if name in _FLOAT_OK and all(d.is_floating_point for d in dtypes):
+            if name in _FLOAT_OK and all(d in _ORDINARY_FLOATS for d in dtypes):
                 continue
             key = _signature(node, name)
             if key is None or not _small_enough(node):
@@ -162,6 +168,13 @@ def _asked_dtypes(node: torch.fx.Node) -> list[torch.dtype]:
     return [dtype] if _numel_hint(out) <= _SMALL_FACTORY else []
 
 
+def _elements(sizes: tuple[int, ...]) -> int:
+    count = 1
+    for size in sizes:
+        count *= size
+    return count
+
+
 def _numel_hint(fake: torch.Tensor) -> int:
     numel = 1
     for size in fake.shape:
@@ -183,6 +196,8 @@ def _torchs_own(node: torch.fx.Node) -> bool:
     target = node.target
     if node.op == "call_method":
         return True
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return False  # a user's Triton kernel, a print, a wrapped subgraph: not run
     if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return target.namespace in ("aten", "prims")
     module = str(getattr(target, "__module__", "") or "")
@@ -231,7 +246,14 @@ def _signature(node: torch.fx.Node, name: str) -> tuple[Any, ...] | None:
         return None
     parts.append(repr(flat))
     parts.append(_asked_on(node))
+    parts.append(_autocast_state())  # autocast changes the dtypes ops see
     return tuple(parts)
+
+
+def _autocast_state() -> tuple[Any, ...]:
+    return tuple(
+        (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")
+    )
 
 
 def _integral(node: torch.fx.Node) -> bool:
@@ -249,11 +271,13 @@ def _cut(node: torch.fx.Node) -> bool:
 
 
 def _small_enough(node: torch.fx.Node) -> bool:
-    """Whether `node` may be asked: any floating-point node; a node with an integer
+    """Whether `node` may be asked: a floating-point node whose cut stand-ins are
+    small (8 per dimension is still large in many dimensions); a node with an integer
     tensor where all its tensors are small and its name holds none of
     _UNCHECKED_INTEGERS."""
     if _cut(node):
-        return True
+        tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
+        return all(_elements(_sizes(t)) <= _MOST_EXACT for t in tensors)
     name = _target_name(node).lower()
     if any(word in name for word in _UNCHECKED_INTEGERS):
         return False
@@ -364,12 +388,17 @@ def _ask(node: torch.fx.Node) -> str | None:
             (node.args, {**node.kwargs, **kw}),
             lambda a: _stand_in(_fake(a), device, cut) if isinstance(a, torch.fx.Node) else a,
         )
-    except _Unprobable:
+    except Exception:  # a dtype torch cannot fill (float4, bits8), no memory: no answer
         return None
     error = _raised(node, args, kwargs)
     if error is None:
         return None
     if device is not None:
+        # asked on the CPU for a CUDA node: only a refusal naming a dtype is the
+        # CPU's word on dtypes ("Could not run 'aten::X' with arguments from the 'CPU'
+        # backend" is an op the CPU lacks, as int4 matrix products)
+        if not _NAMES_A_DTYPE.search(str(error)):
+            return None
         # the CPU speaks for a CUDA node's integers only: a refusal that goes away
         # with its floating-point stand-ins in float32 was about those, which the
         # GPU may take (multi_margin_loss in bfloat16: CUDA yes, the CPU no)
