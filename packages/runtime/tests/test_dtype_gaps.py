@@ -233,6 +233,7 @@ def test_collectives_are_never_asked() -> None:
     grads = torch.ones(4, dtype=torch.bfloat16)
     for target, args in (
         (torch.ops._c10d_functional.all_reduce.default, ("sum", "0")),
+        (torch.ops._c10d_functional.all_reduce, ("sum", "0")),  # a packet, as users call it
         (collectives.all_reduce, ("sum", [0, 1])),
     ):
         graph = torch.fx.Graph()

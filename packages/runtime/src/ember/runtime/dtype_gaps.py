@@ -187,6 +187,14 @@ def _numel_hint(fake: torch.Tensor) -> int:
 _COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional", "c10d", "_dtensor"})
 
 
+def _namespace(target: torch._ops.OpOverload | torch._ops.OpOverloadPacket) -> str:
+    """An op's namespace ("aten"); a packet takes any unknown attribute for an overload
+    name, so its namespace is read off its qualified name."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target.namespace)
+    return str(target._qualified_op_name).split("::", 1)[0]
+
+
 def _torchs_own(node: torch.fx.Node) -> bool:
     """Whether `node` calls torch's own code: a tensor method, an ATen or prims op, a
     function of a `torch` module or of `operator`. Anything else (a custom op, a
@@ -199,7 +207,7 @@ def _torchs_own(node: torch.fx.Node) -> bool:
     if isinstance(target, torch._ops.HigherOrderOperator):
         return False  # a user's Triton kernel, a print, a wrapped subgraph: not run
     if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        return target.namespace in ("aten", "prims")
+        return _namespace(target) in ("aten", "prims")
     module = str(getattr(target, "__module__", "") or "")
     return module == "_operator" or module == "torch" or module.startswith("torch.")
 
@@ -210,7 +218,7 @@ def _communicates(node: torch.fx.Node) -> bool:
     stand-ins, it would wait for ranks that never join it. Never asked."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        return target.namespace in _COLLECTIVE_NAMESPACES
+        return _namespace(target) in _COLLECTIVE_NAMESPACES
     module = str(getattr(target, "__module__", "") or "")
     return module.startswith("torch.distributed")
 
