@@ -31,6 +31,11 @@ Where the stand-ins go is what keeps the probe from harming the process:
 - never a node with integer tensors of LAPACK, sparse or `_unsafe` ops
   (`_UNCHECKED_INTEGERS`): LAPACK's pivots count from 1 unchecked, and zeros as
   `linalg.ldl_solve`'s pivots corrupted the CPU's heap.
+- never anything but torch's own code (`_torchs_own`: no custom op, no
+  `allow_in_graph` function, no higher-order operator such as a user's Triton kernel,
+  which would run with its real grid on stand-ins), never a collective
+  (`_communicates`: one rank would wait for the others), and never a graph with an
+  autocast region (answers are keyed by the ambient autocast state).
 
 Empty stand-ins, which no kernel reads, were tried and rejected: the CPU's flash
 attention divides by their sizes (SIGFPE). Common floating-point ops that take every
