@@ -139,10 +139,9 @@ def _segmented(
         (*rows, counted),
     )
     previous = position - 1  # the totals before segment r0: an exclusive scan
+    has_previous = in_range(previous, sympy.Integer(0), counted)
     before = Where(
-        in_range(previous, sympy.Integer(0), counted),
-        guard(totals.loader([*row_vars, previous]), in_range(previous, sympy.Integer(0), counted)),
-        identity,
+        has_previous, guard(totals.loader([*row_vars, previous]), has_previous), identity
     )
     offsets = store(Scan(rows, counted, len(rows), kind, before, carried), (*rows, counted))
     pieces = store(

@@ -58,7 +58,7 @@ costs speed: the graph then runs eagerly, correctly.
 
 from __future__ import annotations
 
-import logging
+import math
 import operator
 import re
 from collections.abc import Iterator
@@ -68,8 +68,6 @@ from typing import Any
 
 import torch
 import torch.fx
-
-log = logging.getLogger(__name__)
 
 # dtypes every ATen kernel of a floating-point op takes (no refusal seen in the OpInfo
 # sweep on the CPU or CUDA); a node reading only these is not asked
@@ -160,24 +158,22 @@ def first_gap(gm: torch.fx.GraphModule) -> DtypeGap | None:
 _SMALL_FACTORY = 4096  # elements: a factory call (no tensor input) asked at its own size
 
 
+def _tensors(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The fake values of `node`'s tensor inputs."""
+    return [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
+
+
 def _asked_dtypes(node: torch.fx.Node) -> list[torch.dtype]:
     """The dtypes a node is asked about: its tensor inputs', or for a factory call
     (`arange(..., dtype=torch.bool)`) the `dtype` it is given, where its output is
     small enough to make as it is."""
-    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
+    tensors = _tensors(node)
     if tensors:
         return [t.dtype for t in tensors]
     dtype, out = node.kwargs.get("dtype"), _fake(node)
     if not isinstance(dtype, torch.dtype) or not isinstance(out, torch.Tensor):
         return []
     return [dtype] if _numel_hint(out) <= _SMALL_FACTORY else []
-
-
-def _elements(sizes: tuple[int, ...]) -> int:
-    count = 1
-    for size in sizes:
-        count *= size
-    return count
 
 
 def _numel_hint(fake: torch.Tensor) -> int:
@@ -270,8 +266,7 @@ def _autocast_state() -> tuple[Any, ...]:
 
 
 def _integral(node: torch.fx.Node) -> bool:
-    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
-    return any(not (t.is_floating_point() or t.is_complex()) for t in tensors)
+    return any(not (t.is_floating_point() or t.is_complex()) for t in _tensors(node))
 
 
 def _cut(node: torch.fx.Node) -> bool:
@@ -289,23 +284,19 @@ def _small_enough(node: torch.fx.Node) -> bool:
     tensor where all its tensors are small and its name holds none of
     _UNCHECKED_INTEGERS."""
     if _cut(node):
-        tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
-        return all(_elements(_sizes(t)) <= _MOST_EXACT for t in tensors)
+        return all(math.prod(_sizes(t)) <= _MOST_EXACT for t in _tensors(node))
     name = _target_name(node).lower()
     if any(word in name for word in _UNCHECKED_INTEGERS):
         return False
-    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
-    return all(_numel_hint(t) <= _MOST_EXACT for t in tensors)
+    return all(_numel_hint(t) <= _MOST_EXACT for t in _tensors(node))
 
 
 def _asked_on(node: torch.fx.Node) -> torch.device | None:
     """Where `node`'s stand-ins go: its own device, except the CPU for a CUDA node with
     an integer or bool tensor (see the module's docstring); None to leave each
     stand-in on its own tensor's device."""
-    tensors = [t for a in node.all_input_nodes if isinstance(t := _fake(a), torch.Tensor)]
-    on_gpu = any(t.device.type == "cuda" for t in tensors)
-    integral = any(not (t.is_floating_point() or t.is_complex()) for t in tensors)
-    if not (on_gpu and integral) or _target_name(node) in _NO_INDICES:
+    on_gpu = any(t.device.type == "cuda" for t in _tensors(node))
+    if not (on_gpu and _integral(node)) or _target_name(node) in _NO_INDICES:
         return None
     return torch.device("cpu")
 
@@ -419,7 +410,7 @@ def _ask(node: torch.fx.Node) -> str | None:
         if _raised(node, *floats_widened) is None:
             return None
     if isinstance(error, NotImplementedError):
-        return _one_line(error)
+        return first_line(error)
     # A check of eager's own that names a dtype, written as a RuntimeError (torch 2.11:
     # relu and argmax of bool, bool subtraction); believed only where the same
     # stand-ins in float32 pass, so that a shape or a value (an integer division by
@@ -427,7 +418,7 @@ def _ask(node: torch.fx.Node) -> str | None:
     if isinstance(error, RuntimeError) and _NAMES_A_DTYPE.search(str(error)):
         in_float = torch.fx.node.map_aggregate((args, kwargs), _in_float32)
         if _raised(node, *in_float) is None:
-            return _one_line(error)
+            return first_line(error)
     return None
 
 
@@ -459,9 +450,11 @@ def _floats_in_float32(value: Any) -> Any:
     return value.float() if floating else value
 
 
-def _one_line(error: Exception) -> str:
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """`error` as its type and the first non-blank line of its message, at most
+    `limit` characters (for logs and reports)."""
     lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:limit]
 
 
 @contextmanager

@@ -41,6 +41,7 @@ import ember.runtime  # noqa: F401  # registers backend="ember"
 from ember.runtime.accuracy import compare_outputs, largest_error
 from ember.runtime.compiler import compile_records
 from ember.runtime.config import config
+from ember.runtime.dtype_gaps import first_line
 
 OUTCOMES = ("pass", "mismatch", "error", "skip")
 # Ops whose outputs are uninitialised memory: no value to compare.
@@ -209,7 +210,7 @@ def check_eager_error(op: Any, dtype: torch.dtype, device: str = "cpu") -> OpOut
     try:
         _call(op, _clone(sample))
     except Exception as exc:
-        eager_error = _first_line(exc)
+        eager_error = first_line(exc, 160)
     else:
         return OpOutcome(label, name, "skip", "eager runs this dtype")
 
@@ -222,16 +223,11 @@ def check_eager_error(op: Any, dtype: torch.dtype, device: str = "cpu") -> OpOut
         x, args, kwargs = _clone(sample)
         torch.compile(fn, backend="ember")(x, *args, **kwargs)
     except Exception as exc:
-        detail = f"both raise; eager: {eager_error}; ember: {_first_line(exc)}"
+        detail = f"both raise; eager: {eager_error}; ember: {first_line(exc, 160)}"
         return OpOutcome(label, name, "pass", detail[:400], graphs=len(compile_records) - first)
     graphs = len(compile_records) - first
     detail = f"eager raises ({eager_error}); ember returned values"
     return OpOutcome(label, name, "mismatch", detail[:400], graphs=graphs)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:160]
 
 
 def run_sweep(
