@@ -43,6 +43,17 @@ def test_a_graph_eager_refuses_raises_eagers_error(fn: Callable[..., Any], args:
     assert str(caught.value) == message
 
 
+def test_a_refused_graph_is_on_record_as_run_eagerly() -> None:
+    """Reports count the graphs that ran eagerly from the compile records: a graph
+    refused for its dtypes is one of them, as a graph that failed to lower is."""
+    torch._dynamo.reset()
+    first = len(compile_records)
+    with pytest.raises(NotImplementedError):
+        torch.compile(F.silu, backend="ember")(torch.arange(6))
+    (record,) = compile_records[first:]
+    assert record.ran_eagerly is not None and "silu on int64" in record.ran_eagerly
+
+
 def test_strict_mode_names_the_node_at_compile_time() -> None:
     torch._dynamo.reset()
     with config.scope(strict=True), pytest.raises(Exception, match="silu on int64"):

@@ -18,14 +18,38 @@ from ember.runtime.compiler import compile_records
 from ember.runtime.config import config
 
 CASES: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]] = {
-    # 40000 is no multiple of the segment: the last one is partial
-    "cumsum_row": (lambda x: x.cumsum(0), torch.randn(40000)),
-    "cumsum_rows_dim1": (lambda x: x.cumsum(1), torch.randn(3, 40000)),
-    "cumsum_columns": (lambda x: x.cumsum(0), torch.randn(40000, 2)),
-    "cumsum_int64": (lambda x: x.cumsum(0), torch.randint(-5, 5, (40000,))),
-    "cumsum_bfloat16": (lambda x: x.cumsum(0), torch.randn(40000).bfloat16()),
-    "cumprod_row": (lambda x: x.cumprod(0), 1 + torch.randn(40000) * 1e-3),
+    # 32771 is prime: no segment length divides it, the last segment is partial
+    "cumsum_row": (lambda x: x.cumsum(0), torch.randn(32771)),
+    "cumsum_rows_dim1": (lambda x: x.cumsum(1), torch.randn(3, 32771)),
+    "cumsum_columns": (lambda x: x.cumsum(0), torch.randn(32771, 2)),
+    "cumsum_int64": (lambda x: x.cumsum(0), torch.randint(-5, 5, (32771,))),
+    "cumsum_bfloat16": (lambda x: x.cumsum(0), torch.randn(32771).bfloat16()),
+    "cumprod_row": (lambda x: x.cumprod(0), 1 + torch.randn(32771) * 1e-3),
+    # 40960 = 20 segments of 2048, 40000 = 20 of 2000: segments scanned into the result
+    "cumsum_divided_row": (lambda x: x.cumsum(0), torch.randn(40960)),
+    "cumsum_divided_rows_dim1": (lambda x: x.cumsum(1), torch.randn(3, 40000)),
+    "cumsum_divided_bfloat16": (lambda x: x.cumsum(0), torch.randn(40960).bfloat16()),
+    "cumsum_divided_middle": (lambda x: x.cumsum(1), torch.randn(2, 40960, 3)),
+    "cumsum_divided_int32": (
+        lambda x: x.cumsum(0),
+        torch.randint(-9, 9, (36864,), dtype=torch.int32),
+    ),
+    "cumprod_divided_row": (lambda x: x.cumprod(-1), 1 + torch.randn(2, 32768) * 1e-3),
 }
+
+
+def _segment_kernels(case: str) -> int:
+    """Totals, their scan and the segments scanned into the result; a fourth kernel
+    combines them when no segment length divides the row."""
+    return 3 if "divided" in case else 4
+
+
+def test_segment_lengths() -> None:
+    assert ir_scan.segment_length(1 << 20) == (2048, True)
+    assert ir_scan.segment_length(40000) == (2000, True)
+    assert ir_scan.segment_length(9 * 1024) == (1024, True)  # whole blocks before 2304
+    assert ir_scan.segment_length(3 * 1111) == (3333, True)
+    assert ir_scan.segment_length(32771) == (ir_scan.SEGMENT, False)  # a prime
 
 
 def _compiled(fn: Callable[..., Any], x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -41,7 +65,7 @@ def test_segmented_scans_match_eager(case: str, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(ir_scan, "SEGMENTED_DEVICES", ("cpu", "cuda"))
     fn, x = CASES[case]
     got, kernels = _compiled(fn, x)
-    assert kernels >= 3, "not split into segments"  # totals, their scan, the pieces
+    assert kernels == _segment_kernels(case), "not split into segments as planned"
     want = fn(x)
     reference = fn(x.double()) if x.is_floating_point() else None
     verdict = compare_outputs(got, want, reference=reference)
@@ -64,7 +88,7 @@ def test_segmented_scans_on_gpu(case: str) -> None:
     fn, x = CASES[case]
     x = x.cuda()
     got, kernels = _compiled(fn, x)
-    assert kernels >= 3
+    assert kernels == _segment_kernels(case)
     reference = fn(x.double()) if x.is_floating_point() else None
     verdict = compare_outputs(got, fn(x), reference=reference)
     assert verdict is None, verdict[0].describe() if verdict else ""

@@ -9,7 +9,7 @@ specialises on it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sympy
@@ -174,6 +174,25 @@ def product(values: Iterable[sympy.Expr]) -> sympy.Expr:
     for v in values:
         result = result * v
     return result
+
+
+def split_groups(parts: Sequence[sympy.Expr], wholes: Sequence[sympy.Expr]) -> list[int] | None:
+    """How many of `parts`, taken in order, make up each of `wholes` (their product is
+    its size), when every whole is one part or several in a row: the loop sizes of a
+    result stored in a layout whose dimensions merge some of them, in the same
+    row-major order. None when they do not line up."""
+    groups: list[int] = []
+    at = 0
+    for whole in wholes:
+        taken: sympy.Expr = sympy.Integer(1)
+        start = at
+        while at < len(parts) and (at == start or sympy.expand(taken - whole) != 0):
+            taken = taken * parts[at]
+            at += 1
+        if at == start or sympy.expand(taken - whole) != 0:
+            return None
+        groups.append(at - start)
+    return groups if at == len(parts) else None
 
 
 def static_int(expr: sympy.Expr) -> int | None:

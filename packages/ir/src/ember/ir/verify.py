@@ -49,7 +49,7 @@ from ember.ir.nodes import (
 )
 from ember.ir.ops import BOOL_RESULT, MIXED_ARGS, OP_NAMES, arity
 from ember.ir.program import Program
-from ember.ir.symbolic import index_var, indirect_var
+from ember.ir.symbolic import index_var, indirect_var, split_groups
 
 
 def verify(program: Program) -> None:
@@ -204,7 +204,11 @@ def _check_scan(where: str, buffer: ComputedBuffer, loop: Scan) -> None:
         raise VerificationError(f"{where}: unknown scan {loop.kind!r}")
     if not 0 <= loop.axis <= len(loop.ranges):
         raise VerificationError(f"{where}: scan axis {loop.axis} of {len(loop.ranges) + 1} dims")
-    if tuple(buffer.layout.size) != loop.result_size:
+    ones = sympy.Integer(1)
+    stored = [s for s in buffer.layout.size if s != ones]
+    if split_groups([s for s in loop.result_size if s != ones], stored) is None:
+        # the same sizes, or some dimensions of the result merged in the layout in
+        # the same row-major order (a long row scanned as segment and position)
         raise VerificationError(
             f"{where}: scan result {list(loop.result_size)} stored as {list(buffer.layout.size)}"
         )

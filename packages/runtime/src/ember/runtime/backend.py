@@ -34,7 +34,7 @@ from ember.graphpasses import (
 from ember.graphpasses.graph_edit import output_node
 from ember.runtime import compile_cache, compile_pool, dtype_gaps
 from ember.runtime.collection import full_collections_deferred
-from ember.runtime.compiler import EmberCompileError, compile_graph
+from ember.runtime.compiler import EmberCompileError, compile_graph, record_eager_graph
 from ember.runtime.config import KNOBS, EmberConfigError, config
 from ember.runtime.devices import defaults_for
 
@@ -246,6 +246,7 @@ def _refused_by_eager(gm: torch.fx.GraphModule, gap: dtype_gaps.DtypeGap) -> Any
     if config.strict:
         raise EmberCompileError("dynamo", "dtype check", NotImplementedError(message))
     log.warning("ember: %s", message)
+    record_eager_graph("dynamo", message)
     return gm.forward
 
 

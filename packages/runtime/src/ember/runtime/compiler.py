@@ -141,6 +141,15 @@ class CompiledGraph:
         return self._call(args)
 
 
+def record_eager_graph(name: str, why: str) -> CompileRecord:
+    """Keep a record for a graph that runs eagerly without being compiled (eager
+    refuses one of its dtypes: ember.runtime.dtype_gaps), so that reports which count
+    the graphs that ran eagerly count it too."""
+    record = CompileRecord(f"{name}_{next(_graph_ids)}", ran_eagerly=why)
+    compile_records.append(record)
+    return record
+
+
 def compile_graph(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any] = (),

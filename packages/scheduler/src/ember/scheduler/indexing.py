@@ -11,7 +11,7 @@ from torch.utils._sympy.functions import ModularIndexing
 
 from ember.ir import ComputedBuffer, IndexExpr, Load, Node, Rand, walk
 from ember.ir.loops import Scan, Scatter, Sort
-from ember.ir.symbolic import index_var, is_loop_var, product
+from ember.ir.symbolic import index_var, is_loop_var, product, split_groups
 
 ONE = sympy.Integer(1)
 
@@ -41,8 +41,9 @@ def store_index(buffer: ComputedBuffer) -> sympy.Expr:
         every.insert(loop.axis, (index_var("r", 0), loop.count))
     dims = [(var, r) for var, r in every if r != ONE]
     kept = [(s, st) for s, st in zip(sizes, strides, strict=True) if s != ONE]
-    if len(dims) == len(kept) and all(r == s for (_, r), (s, _) in zip(dims, kept, strict=True)):
-        terms = [var * st for (var, _), (_, st) in zip(dims, kept, strict=True)]
+    split = _split_strides([r for _, r in dims], kept)
+    if split is not None:
+        terms = [var * st for (var, _), st in zip(dims, split, strict=True)]
         return sympy.expand(layout.offset + sympy.Add(*terms))
     linear = sympy.Add(
         *(var * product(r for _, r in dims[k + 1 :]) for k, (var, _) in enumerate(dims))
@@ -52,6 +53,24 @@ def store_index(buffer: ComputedBuffer) -> sympy.Expr:
         inner = product(s for s, _ in kept[d + 1 :])
         index = index + ModularIndexing(linear, inner, size) * stride
     return sympy.expand(index)
+
+
+def _split_strides(
+    ranges: list[sympy.Expr], kept: list[tuple[sympy.Expr, sympy.Expr]]
+) -> list[sympy.Expr] | None:
+    """The stride of each loop dimension when every layout dimension is one or more
+    loop dimensions in a row (the same sizes, or a layout dimension split in the loop:
+    a long scan run as segment and position), else None."""
+    groups = split_groups(ranges, [size for size, _ in kept])
+    if groups is None:
+        return None
+    strides: list[sympy.Expr] = []
+    at = 0
+    for (_, stride), taken in zip(kept, groups, strict=True):
+        group = ranges[at : at + taken]
+        strides.extend(stride * product(group[k + 1 :]) for k in range(taken))
+        at += taken
+    return strides
 
 
 def body_exprs(roots: Iterable[Node]) -> list[sympy.Expr]:
