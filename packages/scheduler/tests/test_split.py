@@ -4,6 +4,7 @@ split schedule computes what the unfused program and eager compute."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -326,3 +327,21 @@ def test_two_batch_norm_backwards_of_one_gradient_take_three_kernels(
     assert kinds[1] == ["pointwise", "reduction"] and kinds[2] == ["pointwise"]
     assert sum(m.kind == "reduction" for m in schedule.kernels[1].members) == 4
     check(program, schedule, two_batch_norm_backwards, *args)
+
+
+def test_a_whole_reduction_is_not_split(lower: Callable[..., Program]) -> None:
+    """A reduction the lowering marks `whole` (a segmented scan's segment totals: one
+    program per segment already) keeps its rows, where the same loop unmarked splits."""
+    x = torch.randn(4, 256)
+    program = lower(lambda t: t.sum(-1), x)
+    assert len(schedule_program(program, SMALL).kernels) == 2
+    nodes = [
+        replace(n, loop=replace(n.loop, whole=True))
+        if isinstance(n, ComputedBuffer) and isinstance(n.loop, Reduction)
+        else n
+        for n in program.nodes
+    ]
+    whole = replace(program, nodes=nodes)
+    schedule = schedule_program(whole, SMALL)
+    assert [size for _, size in reductions(schedule)] == [(4,)]
+    check(whole, schedule, lambda t: t.sum(-1), x)

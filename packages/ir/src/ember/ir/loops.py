@@ -74,10 +74,16 @@ class Pointwise:
 
 @dataclass(frozen=True)
 class Reduction:
+    """`kind` of the body over `reduction_ranges` (variables `r0, r1, ...`) at every
+    point of `ranges` (`i0, i1, ...`). `whole`: the lowering has already cut the work
+    into as many outputs as it wants (a segmented scan's segment totals), so the
+    scheduler does not split the rows again (ember.scheduler.split)."""
+
     ranges: tuple[sympy.Expr, ...]
     reduction_ranges: tuple[sympy.Expr, ...]
     kind: str
     body: Node
+    whole: bool = False
 
     @property
     def dtype(self) -> torch.dtype:

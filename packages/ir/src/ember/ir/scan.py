@@ -157,7 +157,13 @@ def _segmented(
         )
 
     totals = store(
-        Reduction((*rows, counted), (wide,), kind, element(row_vars, segment * width + position)),
+        Reduction(
+            (*rows, counted),
+            (wide,),
+            kind,
+            element(row_vars, segment * width + position),
+            whole=True,  # one GPU program per segment already
+        ),
         (*rows, counted),
     )
     previous = position - 1  # the totals before segment r0: an exclusive scan

@@ -211,6 +211,7 @@ def _split(
         not isinstance(loop, Reduction)
         or (loop.kind not in SPLITTABLE and loop.kind != "welford")
         or buffer.mutates is not None
+        or loop.whole
         or not loop.reduction_ranges
         or not _is_static((*loop.ranges, *loop.reduction_ranges))
     ):
