@@ -50,9 +50,8 @@ class DeviceChoices:
     outputs when its loads are contiguous across outputs (a column sum: the codegen
     tiles neighbouring outputs together). When that gives fewer than `split_workers`
     workers, the reduction is cut into chunks so that about `split_workers` run, if
-    that at least doubles the workers (T5-small's RMSNorm, 2048 rows of 512 on a GPU
-    that wants 2112 programs, became a partial, a final and a pointwise kernel where
-    one kernel does);
+    that at least doubles the workers (2048 rows on a GPU that wants 2112 programs
+    stay whole) and each worker has enough to do (ember.scheduler.split);
     `split_workers=0` never splits. Each chunk reduces at least `split_min_chunk`
     elements (a partial result costs a store and a load) and there are at most
     `split_max_chunks` chunks per output (the final reduction's row).

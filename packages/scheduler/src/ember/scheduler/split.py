@@ -61,11 +61,15 @@ from ember.scheduler.indexing import affine_coefficient, store_index
 from ember.scheduler.iteration import merge_loop
 
 SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
-# A Welford reduction splits only where an unsplit worker would reduce at least this
-# many chunks' worth of elements (on the GPU, 32 x 256: its per-element update
-# divides, so a worker covers a few billion elements a second at best, and 8192
-# elements are a few microseconds, about what the three extra merge kernels cost).
-WELFORD_SPLIT_CHUNKS = 32
+# A reduction splits only where an unsplit worker would reduce at least this many
+# chunks' worth of elements (on the GPU, 32 x 256 = 8192). Less is a microsecond or
+# two of one program's time, and splitting costs a kernel more (the final reduction)
+# and often another (a consumer that had fused with the reduction no longer can).
+# Welford's per-element update divides, so a worker covers a few billion elements a
+# second at best; sums and maxima are faster still. Measured on the H100 (2026-11-25):
+# T5-small's RMSNorm, 2048 rows of 512, ran as three kernels per norm, and
+# llama_small's, 512 rows of 512, too.
+SPLIT_MIN_CHUNKS = 32
 
 
 def split_reductions(program: Program, choices: DeviceChoices) -> Program:
@@ -222,16 +226,13 @@ def _split(
     column = _reads_across_outputs(loop)
     outputs, length = int(product(loop.ranges)), int(product(loop.reduction_ranges))
     width = max(choices.split_column_width, 1) if column else 1  # outputs per worker
-    if (
-        loop.kind == "welford"
-        and length * min(width, outputs) < WELFORD_SPLIT_CHUNKS * choices.split_min_chunk
-    ):
-        # Its merge costs three small kernels, not one: only a reduction whose unsplit
-        # workers each have much to do gains from it (convnext's final layer norm,
-        # [64, 768], would run four kernels instead of one). What counts is the work
-        # per worker, not the total: MobileNetV3's [80] channels over 6272 rows are
-        # only half a million elements, but unsplit they ran on two GPU programs,
-        # 135 us per batch norm on the H100 (2026-11-24), where split they take a few.
+    if length * min(width, outputs) < SPLIT_MIN_CHUNKS * choices.split_min_chunk:
+        # Only a reduction whose unsplit workers each have much to do gains from it
+        # (convnext's final layer norm, [64, 768], would run four kernels instead of
+        # one: a Welford merge takes three). What counts is the work per worker, not
+        # the total: MobileNetV3's [80] channels over 6272 rows are only half a
+        # million elements, but unsplit they ran on two GPU programs, 135 us per batch
+        # norm on the H100 (2026-11-24), where split they take a few.
         return None
     chunks = choices.reduction_chunks(outputs, length, int(loop.reduction_ranges[0]), column)
     if chunks < 2:
