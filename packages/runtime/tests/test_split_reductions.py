@@ -35,7 +35,7 @@ def _batch_norm_train(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) ->
 
 
 CASES: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
-    "sum_cols": (lambda x: x.sum(0), (torch.randn(96, 40),)),
+    "sum_cols": (lambda x: x.sum(0), (torch.randn(96, 24),)),  # 6 column workers: 2 chunks
     "sum_rows": (lambda x: x.sum(-1), (torch.randn(3, 320),)),
     "sum_all_mean": (lambda x: (x.sum(), x.mean(0)), (torch.randn(40, 24),)),
     "max_min": (lambda x: (x.amax(0) + 1, x.amin(-1)), (torch.randn(64, 12),)),

@@ -19,7 +19,9 @@ from ember.scheduler import DeviceChoices, Schedule, run_schedule, schedule_prog
 SMALL = DeviceChoices(split_workers=16, split_column_width=4, split_min_chunk=8)
 # What ember.codegen.triton asks for (an H100/H200-class GPU); restated here because
 # the scheduler cannot import a codegen.
-GPU = DeviceChoices(split_workers=132 * 16, split_column_width=64, split_min_chunk=256)
+GPU = DeviceChoices(
+    split_workers=132 * 16, split_column_width=64, split_min_chunk=256, split_min_work=8192
+)
 
 
 def reductions(schedule: Schedule) -> list[tuple[str, tuple[int, ...]]]:
@@ -349,3 +351,15 @@ def test_a_whole_reduction_is_not_split(lower: Callable[..., Program]) -> None:
     schedule = schedule_program(whole, SMALL)
     assert [size for _, size in reductions(schedule)] == [(4,)]
     check(whole, schedule, lambda t: t.sum(-1), x)
+
+
+def test_a_reduction_with_little_work_per_worker_is_not_split(
+    lower: Callable[..., Program],
+) -> None:
+    """`split_min_work`: rows of 256 elements each (T5's RMSNorm, in small) would split
+    under SMALL's thresholds; with 512 elements wanted per worker they stay whole."""
+    x = torch.randn(4, 256)
+    program = lower(lambda t: t.sum(-1), x)
+    assert len(schedule_program(program, SMALL).kernels) == 2
+    schedule = schedule_program(program, replace(SMALL, split_min_work=512))
+    assert [size for _, size in reductions(schedule)] == [(4,)]

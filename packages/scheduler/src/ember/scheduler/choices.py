@@ -51,7 +51,9 @@ class DeviceChoices:
     tiles neighbouring outputs together). When that gives fewer than `split_workers`
     workers, the reduction is cut into chunks so that about `split_workers` run, if
     that at least doubles the workers (2048 rows on a GPU that wants 2112 programs
-    stay whole) and each worker has enough to do (ember.scheduler.split);
+    stay whole) and each unsplit worker has at least `split_min_work` elements to
+    reduce (less takes a GPU program a microsecond or two, and splitting costs the
+    final reduction's kernel and often a consumer's that no longer fuses with it);
     `split_workers=0` never splits. Each chunk reduces at least `split_min_chunk`
     elements (a partial result costs a store and a load) and there are at most
     `split_max_chunks` chunks per output (the final reduction's row).
@@ -70,6 +72,7 @@ class DeviceChoices:
     split_workers: int = 0
     split_column_width: int = 1
     split_min_chunk: int = 1024
+    split_min_work: int = 0
     split_max_chunks: int = 1024
     matmul_templates: bool = False
     matmul_epilogues: bool = False

@@ -61,15 +61,12 @@ from ember.scheduler.indexing import affine_coefficient, store_index
 from ember.scheduler.iteration import merge_loop
 
 SPLITTABLE = frozenset({"sum", "prod", "max", "min", "any", "all"})
-# A reduction splits only where an unsplit worker would reduce at least this many
-# chunks' worth of elements (on the GPU, 32 x 256 = 8192). Less is a microsecond or
-# two of one program's time, and splitting costs a kernel more (the final reduction)
-# and often another (a consumer that had fused with the reduction no longer can).
-# Welford's per-element update divides, so a worker covers a few billion elements a
-# second at best; sums and maxima are faster still. Measured on the H100 (2026-11-25):
-# T5-small's RMSNorm, 2048 rows of 512, ran as three kernels per norm, and
-# llama_small's, 512 rows of 512, too.
-SPLIT_MIN_CHUNKS = 32
+# A Welford reduction splits only where an unsplit worker would reduce at least this
+# many chunks' worth of elements (on the GPU, 32 x 256: its per-element update
+# divides, so a worker covers a few billion elements a second at best, and 8192
+# elements are a few microseconds, about what the three extra merge kernels cost).
+# Other kinds have `DeviceChoices.split_min_work`.
+WELFORD_SPLIT_CHUNKS = 32
 
 
 def split_reductions(program: Program, choices: DeviceChoices) -> Program:
@@ -226,7 +223,10 @@ def _split(
     column = _reads_across_outputs(loop)
     outputs, length = int(product(loop.ranges)), int(product(loop.reduction_ranges))
     width = max(choices.split_column_width, 1) if column else 1  # outputs per worker
-    if length * min(width, outputs) < SPLIT_MIN_CHUNKS * choices.split_min_chunk:
+    work = length * min(width, outputs)  # elements per unsplit worker
+    if work < choices.split_min_work or (
+        loop.kind == "welford" and work < WELFORD_SPLIT_CHUNKS * choices.split_min_chunk
+    ):
         # Only a reduction whose unsplit workers each have much to do gains from it
         # (convnext's final layer norm, [64, 768], would run four kernels instead of
         # one: a Welford merge takes three). What counts is the work per worker, not

@@ -71,6 +71,9 @@ def triton_choices(properties: DeviceProperties = GPU_DEFAULTS) -> DeviceChoices
         split_column_width=COLUMN_XBLOCK,
         split_min_chunk=256,
         split_max_chunks=1024,
+        # T5-small's RMSNorm (2048 rows of 512) and llama_small's (512 of 512) ran as
+        # a partial, a final and a pointwise kernel where one does (H100, 2026-11-25)
+        split_min_work=8192,
     )
 
 
