@@ -34,7 +34,6 @@ from ember.scheduler import SCAN, KernelMember
 from ember.scheduler.indexing import affine_coefficient
 
 LANES = 64  # ember::kColumnLanes
-SUM_BLOCK = 8  # elements of a row a sum scan adds up before the running sum takes them
 
 
 @dataclass(frozen=True)
@@ -127,54 +126,13 @@ def emit_scan(e: Emitter) -> None:
                     e.line(init.format(at="[l]"))
             else:
                 e.line(init.format(at=""))
-        start = "0"
-        if not column and all(m.scan == "sum" for m, _, _ in rules):
-            start = _blocked_sums(e, rules, length)
-        with e.block(f"for (int64_t r0 = {start}; r0 < {length}; ++r0)"):
+        with e.block(f"for (int64_t r0 = 0; r0 < {length}; ++r0)"):
             if column:
                 with e.simd_loop("for (int64_t l = 0; l < ln; ++l)", index_var("i", n - 1)):
                     e.line(f"const int64_t i{n - 1} = ib + l;")
                     _step(e, rules, "[l]")
             else:
                 _step(e, rules, "")
-
-
-def _blocked_sums(e: Emitter, rules: list[tuple[KernelMember, ScanRule, str]], length: str) -> str:
-    """Sum scans along a row, `SUM_BLOCK` elements at a time: the running sums within
-    the block first (independent of the state), then each is added to the state and
-    stored, and the state takes the block's total. The chain of dependent additions
-    is one per block instead of one per element, so the loop runs at the rate of its
-    loads and stores rather than of the adder's latency. The sums are those of the
-    one-by-one loop grouped differently: equal for integers, a different rounding of
-    the same float64 sums for float32 (which ember carries in float64, as eager does).
-    Returns the name of the first position the element loop after it starts from."""
-    e.line("int64_t ember_r = 0;")
-    with e.block(f"for (; ember_r + {SUM_BLOCK} <= {length}; ember_r += {SUM_BLOCK})"):
-        for m, _, ctype in rules:
-            e.line(f"{ctype} b_{_state(m)}[{SUM_BLOCK}];")
-        with e.block(f"for (int64_t j = 0; j < {SUM_BLOCK}; ++j)"):
-            e.line("const int64_t r0 = ember_r + j;")
-            for m, _, _ in rules:
-                e.ctx.member = m.name
-                e.line(f"b_{_state(m)}[j] = {e.value(m.body)};")
-        for m, _, _ in rules:
-            name = _state(m)
-            e.line(f"for (int j = 1; j < {SUM_BLOCK}; ++j) b_{name}[j] += b_{name}[j - 1];")
-        with e.block(f"for (int64_t j = 0; j < {SUM_BLOCK}; ++j)"):
-            e.line("const int64_t r0 = ember_r + j;")
-            for m, _, ctype in rules:
-                if not m.stored:
-                    continue
-                name = _state(m)
-                value = f"s_{name} + b_{name}[j]"
-                target = e.ctx.ctype(m.dtype)
-                if target != ctype:
-                    value = f"static_cast<{target}>({value})"
-                store(e, m, value, m.index)
-        for m, _, _ in rules:
-            e.line(f"s_{_state(m)} += b_{_state(m)}[{SUM_BLOCK - 1}];")
-    e.ctx.member = None
-    return "ember_r"
 
 
 def _step(e: Emitter, rules: list[tuple[KernelMember, ScanRule, str]], at: str) -> None:
