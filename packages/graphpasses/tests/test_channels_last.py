@@ -278,3 +278,27 @@ def test_by_convolution_converts_a_strided_slice_of_converted_data_back() -> Non
     interpreter.run(*[x.clone() for x in captured.inputs["inference"]])
     for conv in convs:
         assert values[conv].stride() == conv.meta["val"].stride(), conv.name
+
+
+def test_values_the_conversion_does_not_reach_are_not_inferred_again() -> None:
+    """Only the nodes a conversion reaches get new fake values: the rest keep theirs
+    (the same objects), and every node's value still has the strides running the graph
+    gives."""
+
+    class TwoPaths(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x: torch.Tensor, side: torch.Tensor) -> Any:
+            return self.conv(x).mean((2, 3)), (side * 2).sum(-1)
+
+    captured = aot_capture(TwoPaths().eval(), torch.randn(2, 3, 8, 8), torch.randn(4, 5))
+    gm = captured.graph("inference")
+    before = {n: n.meta.get("val") for n in gm.graph.nodes}
+    assert ON_CPU(gm).changed
+    side = [n for n in gm.graph.nodes if n.target in (aten.mul.Tensor, aten.sum.dim_IntList)]
+    assert side and all(n.meta["val"] is before[n] for n in side)
+    conv = next(n for n in gm.graph.nodes if n.target is aten.convolution.default)
+    assert conv.meta["val"] is not before[conv]
+    assert conv.meta["val"].is_contiguous(memory_format=torch.channels_last)

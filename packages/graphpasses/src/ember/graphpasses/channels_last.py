@@ -220,7 +220,7 @@ def _convert(
             gradient.replace_input_with(source, clone)
         made.append(clone)
     try:
-        _reinfer(gm, mode)
+        _reinfer(gm, mode, made)
     except Exception:
         _undo(gm, made, saved)
         return 0
@@ -293,10 +293,17 @@ def _gradient_of(node: torch.fx.Node, conv: torch.fx.Node) -> bool:
     )
 
 
-def _reinfer(gm: torch.fx.GraphModule, mode: Any) -> None:
+def _reinfer(gm: torch.fx.GraphModule, mode: Any, made: list[torch.fx.Node]) -> None:
+    """Infer again the value of each node the conversions in `made` reach (they and
+    the nodes that read a value inferred again); a node none of them reaches keeps
+    its value, which inferring would only have made anew."""
+    touched = set(made)
     for node in gm.graph.nodes:
-        if node.op == "call_function":
+        if node.op != "call_function":
+            continue
+        if node in touched or any(a in touched for a in node.all_input_nodes):
             infer_value(node, mode, PASS)
+            touched.add(node)
 
 
 def _undo(
