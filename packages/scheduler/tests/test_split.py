@@ -12,6 +12,7 @@ import sympy
 import torch
 
 from ember.ir import ComputedBuffer, Program, Reduction, run_program
+from ember.ir.printer import format_program
 from ember.scheduler import DeviceChoices, Schedule, run_schedule, schedule_program
 
 # Thresholds small enough to split test-sized tensors: 16 workers wanted, a column
@@ -55,9 +56,10 @@ def test_the_gpu_choice_for_a_column_sum() -> None:
     # no divisor of a prime extent: left whole rather than masked
     assert GPU.reduction_chunks(64, 50021, 50021, column=True) == 1
     # T5-small's RMSNorm at batch 16: 2048 rows of 512 nearly fill the GPU already;
-    # halving the rows would add two kernels for 3% more programs
+    # halving the rows would add two kernels for 3% more programs. (The count alone:
+    # `split_min_work` keeps rows of 512 whole in any case, as tested below.)
     assert GPU.reduction_chunks(2048, 512, 512, column=False) == 1
-    assert GPU.reduction_chunks(1024, 512, 512, column=False) == 2
+    assert GPU.reduction_chunks(1024, 512, 512, column=False) == 2  # doubles them
     assert DeviceChoices().reduction_chunks(1, 1 << 27, 1 << 27, column=False) == 1
 
 
@@ -348,6 +350,7 @@ def test_a_whole_reduction_is_not_split(lower: Callable[..., Program]) -> None:
         for n in program.nodes
     ]
     whole = replace(program, nodes=nodes)
+    assert "reduction sum [4] over [256] whole" in format_program(whole)  # IR dumps say so
     schedule = schedule_program(whole, SMALL)
     assert [size for _, size in reductions(schedule)] == [(4,)]
     check(whole, schedule, lambda t: t.sum(-1), x)

@@ -122,6 +122,8 @@ def _format_loop(buffer: ComputedBuffer) -> list[str]:
     elif isinstance(loop, Reduction):
         reduced = ", ".join(str(r) for r in loop.reduction_ranges)
         head = f"reduction {loop.kind} [{ranges}] over [{reduced}]"
+        if loop.whole:
+            head += " whole"  # never split by the scheduler
     elif isinstance(loop, Scan):
         carried = _dtype(loop.body.dtype)
         head = f"scan {loop.kind} [{ranges}] along [{loop.length}] at dim {loop.axis} ({carried})"

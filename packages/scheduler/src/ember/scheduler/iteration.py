@@ -121,7 +121,7 @@ def merge_loop(
         return buffer, index
     merged: Pointwise | Reduction
     if isinstance(loop, Reduction):
-        merged = Reduction(tuple(ranges), tuple(inner), loop.kind, body)
+        merged = Reduction(tuple(ranges), tuple(inner), loop.kind, body, loop.whole)
     else:
         merged = Pointwise(tuple(ranges), body)
     return replace(buffer, loop=merged), index

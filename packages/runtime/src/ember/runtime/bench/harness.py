@@ -293,7 +293,10 @@ def _merge(record: BenchRecord, phase: str, result: dict[str, Any]) -> None:
     if "mismatch" in result:
         record.notes.append(result["mismatch"].splitlines()[0])
     if result.get("ran_eagerly"):
-        record.notes.append(f"{result['ran_eagerly']} graph(s) ran eagerly after a compile failure")
+        record.notes.append(
+            f"{result['ran_eagerly']} graph(s) ran eagerly "
+            "(a compile failure, or a dtype eager has no kernel for)"
+        )
 
 
 def _with_speedups(records: list[BenchRecord]) -> list[BenchRecord]:
