@@ -145,7 +145,15 @@ def record_eager_graph(name: str, why: str) -> CompileRecord:
     """Keep a record for a graph that runs eagerly without being compiled (eager
     refuses one of its dtypes: ember.runtime.dtype_gaps), so that reports which count
     the graphs that ran eagerly count it too."""
-    record = CompileRecord(f"{name}_{next(_graph_ids)}", ran_eagerly=why)
+    record = _new_record(name)
+    record.ran_eagerly = why
+    return record
+
+
+def _new_record(name: str) -> CompileRecord:
+    """A record for the next graph, named `name` and its number, kept in
+    `compile_records`."""
+    record = CompileRecord(f"{name}_{next(_graph_ids)}")
     compile_records.append(record)
     return record
 
@@ -167,9 +175,8 @@ def compile_graph(
     graph's memory without a copy."""
     config.validate()
     setup_logging()
-    graph_name = f"{name}_{next(_graph_ids)}"
-    record = CompileRecord(graph_name)
-    compile_records.append(record)
+    record = _new_record(name)
+    graph_name = record.graph
     debug_root = config.debug_dir
     debug = run_directory(debug_root) / graph_name if debug_root is not None else None
     record.debug_dir = debug
