@@ -296,6 +296,46 @@ def test_a_group_that_stores_nothing_makes_no_kernel() -> None:
     torch.testing.assert_close(actual[0], batch_norm_step(*expected_args))
 
 
+def counters_step(
+    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor
+) -> torch.Tensor:
+    a.add_(1)
+    b.add_(2)
+    y = x * c  # reads c's old value after a's and b's writes, before c's
+    c.add_(3)
+    d.mul_(0.5)  # a write over another space: a kernel of its own
+    return y
+
+
+def test_independent_writes_into_inputs_share_one_kernel() -> None:
+    """Writes into inputs whose values no kernel computes (a batch norm's
+    `num_batches_tracked += 1`, one per batch norm) run in one kernel per iteration
+    space, each still after every read of its old value: c's write may not move up to
+    a's kernel, which runs before `x * c` reads c."""
+    args = (
+        torch.randn(3),
+        torch.zeros((), dtype=torch.int64),
+        torch.ones((), dtype=torch.int64),
+        torch.full((), 2.0),
+        torch.ones(3),
+    )
+    gm = make_fx(
+        torch.func.functionalize(counters_step, remove="mutations_and_views"),
+        decomposition_table=ember_decompositions(),
+    )(*[t.clone() for t in args])
+    program = lower_graph(gm, name="counters", options=LoweringOptions(loops=True))
+    schedule = schedule_program(program)
+    writers = [k for k in schedule.kernels if any(m.mutates for m in k.members)]
+    written = sorted(sorted(m.mutates for m in k.members if m.mutates) for k in writers)
+    assert written == [["a_1", "b_1"], ["c_1"], ["d_1"]], written
+    actual_args = [t.clone() for t in args]
+    actual = run_schedule(schedule, actual_args)
+    expected_args = [t.clone() for t in args]
+    torch.testing.assert_close(actual[0], counters_step(*expected_args))
+    for got, want in zip(actual_args, expected_args, strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_channels_last_pointwise_runs_in_storage_order(
     lower: Callable[..., Program], schedule: Callable[..., Schedule]
 ) -> None:
