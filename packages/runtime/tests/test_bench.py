@@ -240,6 +240,25 @@ def test_the_report_puts_the_backends_side_by_side_with_embers_ratios() -> None:
     assert mean.split() == ["geomean", "inference", "2.52x", "1.59x", "0.50x"]
 
 
+def test_the_report_gives_device_launches_beside_each_backends_own_count() -> None:
+    """Inductor's and ember's kernel counts count different things: the profiler's
+    launch count is the one column that compares across backends."""
+    from ember.runtime.bench.harness import BenchRecord
+    from ember.runtime.bench.report import format_records
+
+    records = [
+        BenchRecord("m", "train", "cuda", "bfloat16", "inductor-ro", ms=7.0, kernels=477,
+                    device_kernels=744),
+        BenchRecord("m", "train", "cuda", "bfloat16", "ember", ms=8.0, kernels=497,
+                    device_kernels=635),
+    ]  # fmt: skip
+    lines = format_records(records).splitlines()
+    assert lines[1].split()[-3:] == ["kernels", "launches", "note"]
+    # the rows end with the two counts (the note is empty)
+    assert lines[3].split()[2] == "inductor-ro" and lines[3].split()[-2:] == ["477", "744"]
+    assert lines[4].split()[2] == "ember" and lines[4].split()[-2:] == ["497", "635"]
+
+
 def test_a_measurement_keeps_each_graphs_cuda_graph_state() -> None:
     """What measure.py reports of CUDA graphs per ember graph reaches the record (and
     so the JSON): it was dropped on the way before."""

@@ -1,9 +1,14 @@
 """Present bench records: the text tables `ember bench` prints and the speedup chart.
 
-The first table has a row per (model, mode, backend) with everything measured. The
-second puts the backends side by side, a row per (model, mode): each backend's ms and
-ember's speedup over each of the others (the other's ms / ember's: above 1x ember is
-faster), then a geometric mean of each ratio per mode over the models that have both.
+The first table has a row per (model, mode, backend) with everything measured.
+"kernels" is each backend's own count (Inductor's generated kernels; ember's kernels
+and ATen calls), which do not compare; "launches" (CUDA only) counts the kernels one
+call runs on the device, with the profiler, the same way for every backend (a
+MobileNetV3 training step: 477 Inductor "kernels" against ember's 497, but 744
+launches against 635; H100, 2026-11-25, f0f2c16). The second table puts the backends
+side by side, a row per (model, mode): each backend's ms and ember's speedup over each
+of the others (the other's ms / ember's: above 1x ember is faster), then a geometric
+mean of each ratio per mode over the models that have both.
 
 The chart (`--plot`) is one horizontal bar per (model, mode) and compiling backend,
 speedup over eager on a shared axis with a line at 1x, so "which is faster, by how much"
@@ -21,7 +26,7 @@ from ember.runtime.table import format_table
 
 HEADERS = [
     "model", "mode", "backend", "cold s", "warm s", "ms", "speedup",
-    "peak MB", "max err", "ok", "kernels", "note",
+    "peak MB", "max err", "ok", "kernels", "launches", "note",
 ]  # fmt: skip
 
 
@@ -47,6 +52,7 @@ def format_records(records: Sequence[BenchRecord]) -> str:
                 _num(r.max_abs_err, ".1e"),
                 ok,
                 "-" if r.kernels is None else str(r.kernels),
+                "-" if r.device_kernels is None else str(r.device_kernels),
                 note[:70],
             ]
         )
