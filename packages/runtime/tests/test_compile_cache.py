@@ -298,3 +298,41 @@ def test_a_real_constant_is_keyed_under_an_active_fake_mode() -> None:
         second = compile_cache._describe(two, values=True)
     assert first != second
     assert first == compile_cache._describe(one, values=True)  # as outside the mode
+
+
+def test_the_source_fingerprint_is_read_ahead_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread that finds the CPU target first takes the versions, the source
+    fingerprint among them; a key that asks for the fingerprint meanwhile waits for
+    that thread's answer instead of reading ember's files a second time."""
+    import functools
+    import threading
+    import time
+
+    from ember.runtime import fingerprint
+
+    calls: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    @functools.cache
+    def slow_fingerprint(packages: tuple[str, ...]) -> str:
+        calls.append(threading.current_thread().name)
+        started.set()
+        release.wait(10)
+        return "f" * 24
+
+    monkeypatch.setattr(fingerprint, "_fingerprint", slow_fingerprint)
+    monkeypatch.setattr(compile_cache, "_TARGET", [])
+    monkeypatch.setattr(compile_cache, "_TARGET_STARTED", [])
+    monkeypatch.setattr(compile_cache, "_find_cpu_target", lambda: "g++ 99\0znver9")
+    compile_cache.prepare_cpu_target()
+    assert started.wait(10)
+    answers: list[str] = []
+    waiting = threading.Thread(target=lambda: answers.append(fingerprint.source_fingerprint()))
+    waiting.start()
+    time.sleep(0.05)
+    assert not answers  # waits for the thread reading ahead
+    release.set()
+    waiting.join(10)
+    assert answers == ["f" * 24]
+    assert calls == ["ember-cpu-target"]
+    assert compile_cache._cpu_target() == "g++ 99\0znver9"
