@@ -217,22 +217,12 @@ def prepare_cpu_target() -> None:
     banner and what `-march=native` resolves to: two compiler subprocesses, 3.5 ms
     of wall time on an idle 2-core CPU and tens of milliseconds on a loaded one) in a
     thread, so that they run while AOTAutograd traces the graph whose key needs
-    them. The thread first takes the versions every key holds, the fingerprint of
-    ember's source among them (about 170 files read and hashed, 4 ms of a warm
-    compile: file reads and hashing let the tracing thread run meanwhile). Once per
-    process; the key waits for the thread's answers, never computes them twice."""
+    them. Once per process; the key waits for the thread's answer, never computes
+    it twice."""
     if _TARGET or _TARGET_STARTED:
         return
     _TARGET_STARTED.append(True)
-    threading.Thread(target=_prepare_key, name="ember-cpu-target", daemon=True).start()
-
-
-def _prepare_key() -> None:
-    try:
-        versions()
-    except Exception as exc:  # the key computes them again, and raises there if it must
-        log.debug("versions not read ahead: %s", exc)
-    _cpu_target()
+    threading.Thread(target=_cpu_target, name="ember-cpu-target", daemon=True).start()
 
 
 _TARGET: list[str] = []  # _cpu_target's answer, once found

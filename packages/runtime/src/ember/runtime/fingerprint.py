@@ -22,7 +22,6 @@ import functools
 import hashlib
 import importlib.util
 import os
-import threading
 
 # Every ember package whose code shapes a compiled artifact (the whole stack).
 SOURCE_PACKAGES = (
@@ -37,15 +36,8 @@ SOURCE_PACKAGES = (
 
 def source_fingerprint() -> str:
     """The SHA-256 (hex, 24 digits) of the source of `SOURCE_PACKAGES` as installed
-    in this process; computed once. A caller that comes while another thread computes
-    it (the compile cache starts it in a thread while AOTAutograd traces:
-    `compile_cache.prepare_cpu_target`) waits for that answer instead of reading the
-    files again."""
-    with _LOCK:
-        return _fingerprint(SOURCE_PACKAGES)
-
-
-_LOCK = threading.Lock()
+    in this process; computed once."""
+    return _fingerprint(SOURCE_PACKAGES)
 
 
 @functools.cache
