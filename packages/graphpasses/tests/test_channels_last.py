@@ -8,9 +8,11 @@ rewritten graphs can be run and compared with the originals.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from graphpasses_helpers import aot_capture, count  # type: ignore[import-not-found]  # tests/ on sys.path
 from torch import nn
 
@@ -302,3 +304,110 @@ def test_values_the_conversion_does_not_reach_are_not_inferred_again() -> None:
     conv = next(n for n in gm.graph.nodes if n.target is aten.convolution.default)
     assert conv.meta["val"] is not before[conv]
     assert conv.meta["val"].is_contiguous(memory_format=torch.channels_last)
+
+
+def _joint_graph(model: nn.Module, *inputs: torch.Tensor) -> torch.fx.GraphModule:
+    """AOTAutograd's joint forward + backward graph of one training step of `model`."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._functorch.partitioners import default_partition
+
+    from ember.graphpasses import ember_decompositions
+
+    captured: list[torch.fx.GraphModule] = []
+
+    def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        captured.append(torch.fx.GraphModule(joint, copy.deepcopy(joint.graph)))
+        return default_partition(joint, joint_inputs, **kwargs)
+
+    backend = aot_autograd(
+        fw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+        bw_compiler=lambda gm, ex: make_boxed_func(gm.forward),
+        partition_fn=partition,
+        decompositions=ember_decompositions(),
+    )
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, fullgraph=True)(*inputs).sum().backward()
+    (joint,) = captured
+    return joint
+
+
+def test_training_infers_again_only_where_an_input_changes_layout(monkeypatch: Any) -> None:
+    """On a joint graph converted there and back (by convolution), the values the
+    conversions reach but whose inputs keep their sizes and strides (the late
+    convolution behind its conversion back to NCHW, and its backward) keep their
+    fake values, and every node ends with the same metadata as when every reached
+    node is inferred again."""
+    from ember.graphpasses import channels_last as module
+    from ember.graphpasses import channels_last_training
+
+    class NarrowingWithNorm(Narrowing):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm2d(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.late(torch.relu(self.norm(self.early(x)))).mean((2, 3))
+
+    joint = _joint_graph(NarrowingWithNorm(), torch.randn(2, 8, 16, 16))
+    pruned = torch.fx.GraphModule(joint, copy.deepcopy(joint.graph))
+    full = torch.fx.GraphModule(joint, copy.deepcopy(joint.graph))
+    before = {n.name: n.meta.get("val") for n in joint.graph.nodes}
+    inferred: list[str] = []
+    real_infer = module.infer_value
+
+    def counting(node: torch.fx.Node, mode: Any, name: str) -> None:
+        inferred.append(node.name)
+        real_infer(node, mode, name)
+
+    monkeypatch.setattr(module, "infer_value", counting)
+    layout = channels_last_training(devices=(), by_convolution=("cpu",))
+    assert layout(pruned).changed
+    pruned_count = len(inferred)
+
+    def every_reached(gm: torch.fx.GraphModule, mode: Any, made: Any, saved: Any) -> None:
+        touched = set(made)
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and (
+                node in touched or any(a in touched for a in node.all_input_nodes)
+            ):
+                counting(node, mode, module.PASS)
+                touched.add(node)
+
+    monkeypatch.setattr(module, "_reinfer", every_reached)
+    inferred.clear()
+    assert layout(full).changed
+    assert pruned_count < len(inferred)
+    assert pruned.code == full.code
+    for a, b in zip(pruned.graph.nodes, full.graph.nodes, strict=True):
+        assert a.name == b.name
+        assert module._same_metadata(a.meta.get("val"), b.meta.get("val")), a.name
+        leaves = pytree.tree_leaves(a.meta.get("val")), pytree.tree_leaves(b.meta.get("val"))
+        for x, y in zip(*leaves, strict=True):
+            if isinstance(x, torch.Tensor):
+                assert x.stride() == y.stride() and x.shape == y.shape, a.name
+    convs = [n for n in pruned.graph.nodes if n.target is aten.convolution.default]
+    assert convs[0].args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
+    late = convs[1]
+    assert late.args[0].target is aten.clone.default  # the conversion back
+    assert late.meta["val"] is before[late.name]  # not inferred again
+    gradient = next(
+        n for n in pruned.graph.nodes
+        if n.target is aten.convolution_backward.default and n.args[2] is late.args[1]
+    )  # fmt: skip
+    assert gradient.meta["val"] is before[gradient.name]
+
+
+def test_same_metadata_tells_strides_and_structure_apart() -> None:
+    from ember.graphpasses.channels_last import _same_metadata
+
+    x = torch.empty(2, 3, 4, 5)
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    assert _same_metadata(x, torch.empty(2, 3, 4, 5))
+    assert not _same_metadata(x, nhwc)
+    assert not _same_metadata(x, x[1:])
+    assert not _same_metadata(x, x.double())
+    assert _same_metadata((x, None, 3), (torch.empty(2, 3, 4, 5), None, 3))
+    assert not _same_metadata((x, None), (x, x))
+    assert not _same_metadata((x, 3), (x, 3.0))
+    assert not _same_metadata([x], (x,))

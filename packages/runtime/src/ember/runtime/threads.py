@@ -61,7 +61,12 @@ def openmp_runtimes(maps: str | None = None) -> list[str]:
         except OSError:
             return []
     found = set()
+    # every runtime's name holds "omp": the few lines that do are the only ones split
+    # and matched (a process with torch maps about 550; all of them took 2.4 ms of a
+    # warm compile on the 2-core CPU)
     for line in maps.splitlines():
+        if "omp" not in line:
+            continue
         fields = line.split(maxsplit=5)
         if len(fields) == 6 and fields[5].startswith("/") and is_openmp_runtime(fields[5]):
             path = Path(fields[5])
