@@ -3,6 +3,7 @@ input mutation, fallbacks and the debug dump."""
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import logging
 import os
@@ -618,3 +619,31 @@ def test_a_lazily_compiled_backward_uses_its_forwards_settings() -> None:
     assert [r.graph.split("_")[0] for r in records] == ["forward", "backward"]
     assert all(r.fused_kernels == 0 and r.ran_eagerly is None for r in records)
     torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+
+
+def test_training_batch_norm_stays_whole_on_the_cpu_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU traces a training batch norm whole (its decomposition was most of
+    resnet18's decomposition time in every process); CUDA keeps decomposing it, which
+    schedules better there. Either way the step matches eager, buffers included."""
+    from ember.runtime.backend import _decompositions
+
+    op = torch.ops.aten._native_batch_norm_legit_functional.default
+    assert op not in _decompositions("cpu") and op in _decompositions("cuda")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    start = len(compile_records)
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path))
+    with no_eager_fallback():
+        torch.compile(twin, backend="ember")(x).square().mean().backward()
+    model(x).square().mean().backward()
+    forward = compile_records[start]
+    assert forward.debug_dir is not None and forward.graph.startswith("forward")
+    assert "_native_batch_norm_legit_functional" in (forward.debug_dir / "ir.txt").read_text()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    for b, c in zip(model.buffers(), twin.buffers(), strict=True):
+        torch.testing.assert_close(c, b)

@@ -279,7 +279,7 @@ def _aot_call(
         fw_compiler=_compiler("forward", settings),
         bw_compiler=_compiler("backward", settings),
         inference_compiler=_compiler("inference", settings),
-        decompositions=aot_decompositions(),
+        decompositions=_decompositions(device_type),
         partition_fn=_channels_last_then(
             partition_fn(device_type), config.layout_devices, config.layout_by_convolution
         ),
@@ -300,6 +300,21 @@ def _aot_call(
             compiled = _aot(gm, example_inputs, options)
     compile_cache.remember(hint)  # None (nothing noted) but for CUDA graphs
     return compiled
+
+
+def _decompositions(device_type: str) -> dict[Any, Any]:
+    """AOTAutograd's decomposition table for a graph on `device_type`.
+
+    Training batch norm stays whole on the CPU (`DeviceDefaults.decompose_batch_norm`):
+    decomposing it was most of the decomposition time of resnet18's training trace
+    (0.37 of 0.52 s under the profiler, 2-core CPU), paid by every process, warm
+    ones included, and the CPU's save-everything split has no recomputation for the
+    decomposed form to help. On GPUs the decomposed form schedules better (see
+    ember.graphpasses.decompositions.EMBER_ADDITIONS)."""
+    table = aot_decompositions()
+    if not defaults_for(device_type).decompose_batch_norm:
+        table.pop(torch.ops.aten._native_batch_norm_legit_functional.default, None)
+    return table
 
 
 def _failing_at_first_call(compiler: Callable[..., Any]) -> Callable[..., Any]:

@@ -43,7 +43,9 @@ class DeviceDefaults:
     training graph's backward with its forward (`EMBER_BACKWARD=auto`).
     `channels_last`: run convolution graphs channels-last (`EMBER_LAYOUT=auto`);
     `channels_last_by_convolution`: instead, each convolution in the layout its shapes
-    favour (ember.graphpasses.favours_channels_last).
+    favour (ember.graphpasses.favours_channels_last). `decompose_batch_norm`: trace a
+    training batch norm as mean/var and pointwise ops rather than whole
+    (`_native_batch_norm_legit_functional`, which ember.ir lowers too).
     The reasons, with the measurements, are at each setting's use
     (ember.runtime.backend, ember.runtime.compiler)."""
 
@@ -52,6 +54,7 @@ class DeviceDefaults:
     eager_backward: bool = False
     channels_last: bool = False
     channels_last_by_convolution: bool = False
+    decompose_batch_norm: bool = True
 
 
 # On GPUs the fused kernels are bound by memory: recomputing cheap values and saving
@@ -61,7 +64,7 @@ DEFAULTS: dict[str, DeviceDefaults] = {
     "cuda": DeviceDefaults(
         recompute_shared=True, mincut=True, eager_backward=True, channels_last=True
     ),
-    "cpu": DeviceDefaults(channels_last_by_convolution=True),
+    "cpu": DeviceDefaults(channels_last_by_convolution=True, decompose_batch_norm=False),
 }
 
 
