@@ -267,6 +267,18 @@ def test_a_read_of_a_scattered_buffer_stays_after_the_scatter(
     torch.testing.assert_close(actual[-1], scatter_then_read(*args))
 
 
+def mutating_program(
+    fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...], name: str
+) -> Program:
+    """`fn`, which writes into some of its inputs, functionalised (each write a
+    `copy_` into the input at the end), traced on copies of `args` and lowered."""
+    gm = make_fx(
+        torch.func.functionalize(fn, remove="mutations_and_views"),
+        decomposition_table=ember_decompositions(),
+    )(*[a.clone() for a in args])
+    return lower_graph(gm, name=name, options=LoweringOptions(loops=True))
+
+
 def batch_norm_step(
     x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor
 ) -> torch.Tensor:
@@ -284,11 +296,7 @@ def test_a_group_that_stores_nothing_makes_no_kernel() -> None:
         torch.ones(4),
         torch.zeros((), dtype=torch.int64),
     )
-    gm = make_fx(
-        torch.func.functionalize(batch_norm_step, remove="mutations_and_views"),
-        decomposition_table=ember_decompositions(),
-    )(*[a.clone() for a in args])
-    program = lower_graph(gm, name="bn", options=LoweringOptions(loops=True))
+    program = mutating_program(batch_norm_step, args, "bn")
     schedule = schedule_program(program)
     assert schedule.kernels and all(k.members and k.buffer_arguments() for k in schedule.kernels)
     actual = run_schedule(schedule, [a.clone() for a in args])
@@ -319,11 +327,7 @@ def test_independent_writes_into_inputs_share_one_kernel() -> None:
         torch.full((), 2.0),
         torch.ones(3),
     )
-    gm = make_fx(
-        torch.func.functionalize(counters_step, remove="mutations_and_views"),
-        decomposition_table=ember_decompositions(),
-    )(*[t.clone() for t in args])
-    program = lower_graph(gm, name="counters", options=LoweringOptions(loops=True))
+    program = mutating_program(counters_step, args, "counters")
     schedule = schedule_program(program)
     writers = [k for k in schedule.kernels if any(m.mutates for m in k.members)]
     written = sorted(sorted(m.mutates for m in k.members if m.mutates) for k in writers)

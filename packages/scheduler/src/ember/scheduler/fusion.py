@@ -372,21 +372,24 @@ class Fuser:
         if kind == SCATTER or buffer.mutates is not None or degenerate:
             # Scatters and mutations take no company; so does a reduction over no
             # dimension at all, which no iteration space of a fused kernel can hold.
-            # A pointwise write into an input may join the kernel computing what it
-            # writes, where that is safe (`_join_as_write`).
-            write = kind == POINTWISE and buffer.mutates is not None and not degenerate
-            if write and (
-                self._join_as_write(buffer, position) or self._join_write_batch(buffer, position)
+            # A pointwise write into an input (`target`, as its alias root) may join
+            # the kernel computing what it writes, where that is safe
+            # (`_join_as_write`), or else a batch of other such writes.
+            target = (
+                self._root(buffer.mutates)
+                if kind == POINTWISE and buffer.mutates is not None and not degenerate
+                else None
+            )
+            if target is not None and (
+                self._join_as_write(buffer, target, position)
+                or self._join_write_batch(buffer, target, position)
             ):
-                assert buffer.mutates is not None
-                roots = frozenset({self._root(buffer.name), self._root(buffer.mutates)})
-                self.barriers.append((position, roots))
+                self.barriers.append((position, frozenset({self._root(buffer.name), target})))
                 return
             self._new_group(buffer, position, closed=True)
-            if write:
-                assert buffer.mutates is not None
+            if target is not None:
                 self.groups[-1].batch = True
-                self.groups[-1].writes.add(self._root(buffer.mutates))
+                self.groups[-1].writes.add(target)
             self.alone[buffer.name] = (
                 "a reduction over no dimension runs alone"
                 if degenerate
@@ -437,7 +440,7 @@ class Fuser:
         self.group_of[buffer.name] = group
         self._note(group, -negative_order)
 
-    def _join_as_write(self, buffer: ComputedBuffer, position: int) -> bool:
+    def _join_as_write(self, buffer: ComputedBuffer, target: str, position: int) -> bool:
         """Put `buffer`, a pointwise write into an existing buffer X (a batch norm's
         running mean, written back by AOTAutograd's `copy_`), in the kernel computing
         what it writes, where that cannot change a value: every load of X in that
@@ -445,8 +448,6 @@ class Fuser:
         program), and every other step reading X's old value runs before that
         kernel. A MobileNetV3 training forward ran 139 such writes as kernels of
         their own, one to three elements per channel each."""
-        assert buffer.mutates is not None
-        target = self._root(buffer.mutates)
         reads = self._reads(buffer)
         best: tuple[int, int, Group, Member] | None = None
         for order in sorted({k for name in reads for k in self._touching.get(name, ())}):
@@ -463,21 +464,24 @@ class Fuser:
         if best is None:
             return False
         _, order, group, member = best
-        group.members.append(member)
-        group.writes.add(target)
-        self.group_of[buffer.name] = group
-        self._note(group, order)
+        self._add_write(group, order, member, target)
         return True
 
-    def _join_write_batch(self, buffer: ComputedBuffer, position: int) -> bool:
+    def _add_write(self, group: Group, order: int, member: Member, target: str) -> None:
+        """Make `member`, which writes into `target`, one of `group`'s (the group at
+        `order` in `groups`)."""
+        group.members.append(member)
+        group.writes.add(target)
+        self.group_of[member.buffer.name] = group
+        self._note(group, order)
+
+    def _join_write_batch(self, buffer: ComputedBuffer, target: str, position: int) -> bool:
         """Put `buffer`, a pointwise write into an existing buffer X that no kernel
         computes the value of (a batch norm's `num_batches_tracked += 1`), in an
         earlier kernel of such writes over the same space, where that cannot change a
         value (`_write_is_safe`, and X written once per kernel). The writes share no
         bytes; each saves a launch. A MobileNetV3 training forward ran 46 one-element
         kernels for its batch norms' counters, one after another."""
-        assert buffer.mutates is not None
-        target = self._root(buffer.mutates)
         for order in range(len(self.groups) - 1, -1, -1):
             group = self.groups[order]
             if not group.batch or target in group.writes:
@@ -488,10 +492,7 @@ class Fuser:
             member = candidate[0]
             if member.over_reduction or not self._write_is_safe(group, member, target, position):
                 continue
-            group.members.append(member)
-            group.writes.add(target)
-            self.group_of[buffer.name] = group
-            self._note(group, order)
+            self._add_write(group, order, member, target)
             return True
         return False
 
