@@ -19,10 +19,11 @@ Two figures per backend:
 
     EMBER_STRICT=1 python3 benchmarks/interleaved.py --models mobilenetv3 --mode train
 
-Training steps are `ember bench`'s (forward, loss, backward; no optimizer). Every
-ember graph must have compiled (the script fails if one ran eagerly), and each
-backend's first output is compared with eager's under the bench's accuracy rule
-(against a float64 run of the same model).
+`ember-aot` is ember with AOTAutograd's training runtime in place of its own
+(`EMBER_AUTOGRAD=aot`, ember.runtime.training). Training steps are `ember bench`'s
+(forward, loss, backward; no optimizer). Every ember graph must have compiled (the
+script fails if one ran eagerly), and each backend's first output is compared with
+eager's under the bench's accuracy rule (against a float64 run of the same model).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def build(name: str, mode: str, backend: str) -> Callable[[], Any]:
     if backend == "inductor-ro":
         compiled = torch.compile(model, backend="inductor", mode="reduce-overhead")
         return _graph_steps(step_fn(compiled, inputs, mode))  # type: ignore[arg-type]
+    if backend.startswith("ember"):  # ember, or ember-aot: its training runtime AOTAutograd's
+        autograd = "aot" if backend == "ember-aot" else "lean"
+        compiled = torch.compile(model, backend="ember", options={"autograd": autograd})
+        return step_fn(compiled, inputs, mode)  # type: ignore[arg-type]
     return step_fn(torch.compile(model, backend=backend), inputs, mode)  # type: ignore[arg-type]
 
 
@@ -86,6 +91,7 @@ def compare(name: str, mode: str, backends: list[str], rounds: int, calls: int) 
     expected = _cloned(build(name, mode, "eager")())
     for backend in backends:
         started = time.perf_counter()
+        before = len(compile_records)
         fn = build(name, mode, backend)
         out = _cloned(fn())
         torch.cuda.synchronize()
@@ -99,6 +105,9 @@ def compare(name: str, mode: str, backends: list[str], rounds: int, calls: int) 
         for _ in range(3):
             fn()
         steps[backend] = fn
+        runtimes = {r.autograd for r in compile_records[before:] if r.autograd}
+        if runtimes:
+            print(f"  training runtime: {', '.join(sorted(runtimes))}", file=sys.stderr)
     eager_graphs = [r.graph for r in compile_records[first:] if r.ran_eagerly]
     if eager_graphs:
         raise SystemExit(f"ember graphs ran eagerly: {eager_graphs}")

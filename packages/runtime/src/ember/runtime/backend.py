@@ -32,7 +32,7 @@ from ember.graphpasses import (
     rewrite_attention_pregrad,
 )
 from ember.graphpasses.graph_edit import output_node
-from ember.runtime import compile_cache, compile_pool, dtype_gaps
+from ember.runtime import compile_cache, compile_pool, dtype_gaps, training
 from ember.runtime.collection import full_collections_deferred
 from ember.runtime.compiler import EmberCompileError, compile_graph, record_eager_graph
 from ember.runtime.config import KNOBS, EmberConfigError, config
@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 
 
 def _compiler(
-    kind: str, settings: dict[str, Any]
+    kind: str, settings: dict[str, Any], compiled: dict[str, Any] | None = None
 ) -> Callable[[torch.fx.GraphModule, Sequence[Any]], Any]:
-    return functools.partial(_compile_kind, kind=kind, settings=settings)
+    return functools.partial(_compile_kind, kind=kind, settings=settings, compiled=compiled)
 
 
 def _compile_kind(
@@ -53,41 +53,52 @@ def _compile_kind(
     *,
     kind: str,
     settings: dict[str, Any],
+    compiled: dict[str, Any] | None = None,
 ) -> Any:
     """One graph of a backend call, compiled with the settings of that call: a backward
     compiled lazily, at the first backward call, uses its forward's settings, not
-    whatever the environment or a `config.scope` says by then."""
+    whatever the environment or a `config.scope` says by then. Each compiled graph
+    (and a forward's AOTAutograd metadata) is noted in `compiled`, for the training
+    runtime (ember.runtime.training)."""
     with config.frozen(settings), full_collections_deferred():
         static = _static_inputs() if kind != "backward" else ()
         # a forward lends what it saves for the backward, a backward its gradients
         # (autograd moves them into `.grad`), an inference graph its results (a caller
         # that drops them before the next call saves their copy; ember.runtime.cudagraphs)
         lend = _saved_outputs_start() if kind == "forward" else 0
-        return compile_graph(
+        graph = compile_graph(
             gm, example_inputs, name=kind, static_inputs=static, lend_outputs_from=lend
         )
+    if compiled is not None:
+        compiled[kind] = graph
+        if kind == "forward":
+            compiled["metadata"] = _forward_metadata()
+        elif kind == "backward":
+            compiled["backward_outputs"] = len(pytree.tree_leaves(output_node(gm).args[0]))
+    return graph
+
+
+def _forward_metadata() -> Any:
+    """AOTAutograd's view-and-mutation metadata of the graph being compiled, from its
+    tracing context; None where torch records none."""
+    from torch._guards import TracingContext
+
+    return getattr(TracingContext.try_get(), "fw_metadata", None)
 
 
 def _saved_outputs_start() -> int | None:
     """Where a training forward's outputs saved for the backward begin (after what the
-    caller sees and the RNG state), from AOTAutograd's tracing context; None where
-    torch records no such count."""
-    from torch._guards import TracingContext
-
-    context = TracingContext.try_get()
-    count = getattr(getattr(context, "fw_metadata", None), "num_forward", None)
+    caller sees and the RNG state), from AOTAutograd's metadata; None where torch
+    records no such count."""
+    count = getattr(_forward_metadata(), "num_forward", None)
     return int(count) if isinstance(count, int) else None
 
 
 def _static_inputs() -> list[int]:
     """The positions of the graph being compiled's inputs that AOTAutograd knows keep
-    their address across calls (parameters and buffers), from its tracing context;
-    none where torch records no such list."""
-    from torch._guards import TracingContext
-
-    context = TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
-    indices = getattr(metadata, "static_input_indices", None)
+    their address across calls (parameters and buffers), from its metadata; none
+    where torch records no such list."""
+    indices = getattr(_forward_metadata(), "static_input_indices", None)
     return list(indices) if indices else []
 
 
@@ -275,9 +286,10 @@ def _aot_call(
     # Hand-written attention -> SDPA on Dynamo's graph, so that AOTAutograd traces
     # SDPA's own backward too (after the split, the saved softmax blocks the ATen pattern).
     gm = rewrite_attention_pregrad(gm).graph_module
+    graphs: dict[str, Any] = {}
     options: dict[str, Any] = dict(
-        fw_compiler=_compiler("forward", settings),
-        bw_compiler=_compiler("backward", settings),
+        fw_compiler=_compiler("forward", settings, graphs),
+        bw_compiler=_compiler("backward", settings, graphs),
         inference_compiler=_compiler("inference", settings),
         decompositions=_decompositions(device_type),
         partition_fn=_channels_last_then(
@@ -298,8 +310,46 @@ def _aot_call(
             compiled = aot_autograd(**options)(gm, example_inputs, **kwargs)
         else:
             compiled = _aot(gm, example_inputs, options)
+            compiled = _lean_training(gm, example_inputs, graphs, compiled)
     compile_cache.remember(hint)  # None (nothing noted) but for CUDA graphs
     return compiled
+
+
+def _lean_training(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    graphs: dict[str, Any],
+    compiled: Callable[..., Any],
+) -> Callable[..., Any]:
+    """AOTAutograd's runtime `compiled`, or ember's lean one for the same forward and
+    backward where the graph allows it (`EMBER_AUTOGRAD`, ember.runtime.training).
+    Only a training graph whose backward compiled with its forward qualifies; one
+    AOTAutograd took parameters out of (a graph module holding them as attributes)
+    does not, since its callers pass fewer inputs than the graphs take."""
+    forward, backward = graphs.get("forward"), graphs.get("backward")
+    if forward is None:  # an inference graph
+        return compiled
+    why = None
+    if config.autograd != "lean":
+        why = "EMBER_AUTOGRAD=aot"
+    elif backward is None:
+        why = "the backward compiles at its first call (EMBER_BACKWARD)"
+    elif any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
+        why = "the graph module holds parameters"
+    else:
+        why = training.why_not_lean(
+            graphs.get("metadata"), example_inputs, graphs["backward_outputs"]
+        )
+    forward.record.autograd = "ember" if why is None else f"aot: {why}"
+    if why is not None:
+        log.debug("%s: AOTAutograd's runtime (%s)", forward.record.graph, why)
+        return compiled
+    assert backward is not None  # checked above: for mypy
+    lean = training.lean_training(
+        forward, backward, graphs["metadata"], compiled, graph=forward.record.graph
+    )
+    disable: Callable[..., Callable[..., Any]] = torch._dynamo.disable
+    return disable(lean)
 
 
 def _decompositions(device_type: str) -> dict[Any, Any]:

@@ -276,6 +276,14 @@ KNOBS: dict[str, Knob[Any]] = {
         "the first backward call (no compile for a forward never differentiated); "
         "'auto' (default): eager for CUDA graphs, lazy for CPU ones.",
     ),
+    "autograd": Knob(
+        "EMBER_AUTOGRAD",
+        lambda text: _choice(text, ("lean", "aot")),
+        lambda: "lean",
+        "What runs a compiled training graph's forward and backward: 'lean' (default) "
+        "ember's own autograd.Function wherever the graph needs none of AOTAutograd's "
+        "runtime wrappers (ember.runtime.training), 'aot' AOTAutograd's runtime always.",
+    ),
     "cpu_gemm": Knob(
         "EMBER_CPU_GEMM",
         lambda text: _choice(text, ("auto", "onednn", "aten")),
@@ -484,6 +492,10 @@ class EmberConfig:
     @property
     def backward(self) -> str:
         return str(self.get("backward"))
+
+    @property
+    def autograd(self) -> str:
+        return str(self.get("autograd"))
 
     @property
     def cpu_gemm(self) -> str:
