@@ -20,7 +20,7 @@ Two figures per backend:
     EMBER_STRICT=1 python3 benchmarks/interleaved.py --models mobilenetv3 --mode train
 
 `ember-aot` is ember with AOTAutograd's training runtime in place of its own
-(`EMBER_AUTOGRAD=aot`, ember.runtime.training). Training steps are `ember bench`'s
+(`EMBER_AUTOGRAD=aot`, ember.runtime.lean_runtime). Training steps are `ember bench`'s
 (forward, loss, backward; no optimizer). Every ember graph must have compiled (the
 script fails if one ran eagerly), and each backend's first output is compared with
 eager's under the bench's accuracy rule (against a float64 run of the same model).

@@ -32,7 +32,7 @@ from ember.graphpasses import (
     rewrite_attention_pregrad,
 )
 from ember.graphpasses.graph_edit import output_node
-from ember.runtime import compile_cache, compile_pool, dtype_gaps, training
+from ember.runtime import compile_cache, compile_pool, dtype_gaps, lean_runtime
 from ember.runtime.collection import full_collections_deferred
 from ember.runtime.compiler import EmberCompileError, compile_graph, record_eager_graph
 from ember.runtime.config import KNOBS, EmberConfigError, config
@@ -71,7 +71,7 @@ def _compile_kind(
         )
     if compiled is not None:
         compiled[kind] = graph
-        if kind == "forward":
+        if kind != "backward":
             compiled["metadata"] = _forward_metadata()
         elif kind == "backward":
             compiled["backward_outputs"] = len(pytree.tree_leaves(output_node(gm).args[0]))
@@ -290,7 +290,7 @@ def _aot_call(
     options: dict[str, Any] = dict(
         fw_compiler=_compiler("forward", settings, graphs),
         bw_compiler=_compiler("backward", settings, graphs),
-        inference_compiler=_compiler("inference", settings),
+        inference_compiler=_compiler("inference", settings, graphs),
         decompositions=_decompositions(device_type),
         partition_fn=_channels_last_then(
             partition_fn(device_type), config.layout_devices, config.layout_by_convolution
@@ -310,44 +310,48 @@ def _aot_call(
             compiled = aot_autograd(**options)(gm, example_inputs, **kwargs)
         else:
             compiled = _aot(gm, example_inputs, options)
-            compiled = _lean_training(gm, example_inputs, graphs, compiled)
+            compiled = _lean_runtime(gm, example_inputs, graphs, compiled)
     compile_cache.remember(hint)  # None (nothing noted) but for CUDA graphs
     return compiled
 
 
-def _lean_training(
+def _lean_runtime(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
     graphs: dict[str, Any],
     compiled: Callable[..., Any],
 ) -> Callable[..., Any]:
-    """AOTAutograd's runtime `compiled`, or ember's lean one for the same forward and
-    backward where the graph allows it (`EMBER_AUTOGRAD`, ember.runtime.training).
-    Only a training graph whose backward compiled with its forward qualifies; one
-    AOTAutograd took parameters out of (a graph module holding them as attributes)
-    does not, since its callers pass fewer inputs than the graphs take."""
-    forward, backward = graphs.get("forward"), graphs.get("backward")
-    if forward is None:  # an inference graph
+    """AOTAutograd's runtime `compiled`, or ember's lean one for the same compiled
+    graphs where they allow it (`EMBER_AUTOGRAD`, ember.runtime.lean_runtime). A
+    training graph qualifies only where its backward compiled with its forward; a
+    graph module AOTAutograd took parameters out of (one holding them as attributes)
+    never does, since its callers pass fewer inputs than the graphs take."""
+    inference, forward, backward = (graphs.get(k) for k in ("inference", "forward", "backward"))
+    graph = forward if forward is not None else inference
+    if graph is None:
         return compiled
     why = None
     if config.autograd != "lean":
         why = "EMBER_AUTOGRAD=aot"
-    elif backward is None:
+    elif forward is not None and backward is None:
         why = "the backward compiles at its first call (EMBER_BACKWARD)"
     elif any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
         why = "the graph module holds parameters"
     else:
-        why = training.why_not_lean(
-            graphs.get("metadata"), example_inputs, graphs["backward_outputs"]
-        )
-    forward.record.autograd = "ember" if why is None else f"aot: {why}"
+        outputs = graphs["backward_outputs"] if forward is not None else None
+        why = lean_runtime.why_not_lean(graphs.get("metadata"), example_inputs, outputs)
+    graph.record.autograd = "ember" if why is None else f"aot: {why}"
     if why is not None:
-        log.debug("%s: AOTAutograd's runtime (%s)", forward.record.graph, why)
+        log.debug("%s: AOTAutograd's runtime (%s)", graph.record.graph, why)
         return compiled
-    assert backward is not None  # checked above: for mypy
-    lean = training.lean_training(
-        forward, backward, graphs["metadata"], compiled, graph=forward.record.graph
-    )
+    lean: Callable[..., Any]
+    if forward is None:
+        lean = lean_runtime.lean_inference(graph, graphs["metadata"], compiled)
+    else:
+        assert backward is not None  # checked above: for mypy
+        lean = lean_runtime.lean_training(
+            forward, backward, graphs["metadata"], compiled, graph=forward.record.graph
+        )
     disable: Callable[..., Callable[..., Any]] = torch._dynamo.disable
     return disable(lean)
 

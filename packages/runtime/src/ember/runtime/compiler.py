@@ -96,7 +96,8 @@ class CompileRecord:
     kernel_fallback: str | None = None  # why, when generated kernels failed (ATen used)
     ran_eagerly: str | None = None  # why, when the graph fell back to eager
     cudagraphs: str = "off"  # whether its calls replay CUDA graphs, or why not
-    # a training forward's runtime: "ember" (ember.runtime.training) or "aot: why"
+    # a training forward's or inference graph's runtime: "ember"
+    # (ember.runtime.lean_runtime) or "aot: why"
     autograd: str = ""
     # EMBER_MATMUL_TEMPLATES=auto: template or cuBLAS for each matmul, and the times
     matmul_choices: list[str] = field(default_factory=list)

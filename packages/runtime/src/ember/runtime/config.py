@@ -280,9 +280,9 @@ KNOBS: dict[str, Knob[Any]] = {
         "EMBER_AUTOGRAD",
         lambda text: _choice(text, ("lean", "aot")),
         lambda: "lean",
-        "What runs a compiled training graph's forward and backward: 'lean' (default) "
-        "ember's own autograd.Function wherever the graph needs none of AOTAutograd's "
-        "runtime wrappers (ember.runtime.training), 'aot' AOTAutograd's runtime always.",
+        "What runs compiled graphs: 'lean' (default) ember's own runtime (an "
+        "autograd.Function for training) wherever the graph needs none of AOTAutograd's "
+        "runtime wrappers (ember.runtime.lean_runtime), 'aot' AOTAutograd's runtime always.",
     ),
     "cpu_gemm": Knob(
         "EMBER_CPU_GEMM",

@@ -1,21 +1,24 @@
-"""The runtime of a compiled training graph: ember's own `autograd.Function` around
-its compiled forward and backward, in place of AOTAutograd's runtime wrappers.
+"""Ember's runtime for compiled graphs, in place of AOTAutograd's runtime wrappers:
+an `autograd.Function` around a training graph's compiled forward and backward, and
+a direct call of an inference graph.
 
 AOTAutograd traces and splits a training graph, and its runtime then runs the pair
 through layers of generic wrappers: input mutations replayed, aliased outputs
 regenerated, tensor subclasses unwrapped, effect tokens, functionalised RNG state,
 tangents coerced, each a Python call per step whether the graph needs it or not. On
 a small model they cost more than the kernels: the demo's MLP training step took
-1068 us with ember and 829 with eager on the H100 machine, for 71-77 us of GPU work
-(AOTAutograd's runtime is most of the difference; `benchmarks/step_phases.py`).
+753 us with ember on AOTAutograd's runtime and 849 with eager on the H100 machine,
+for 71-77 us of GPU work; on this runtime it takes 703 us.
 
-Most training graphs need none of that work: no input mutated outside the graph, no
-output aliasing an input or another output, plain tensors, no tokens or
-functionalised RNG. For those, `lean_training_call` returns a callable that runs the
-forward inside one `autograd.Function`, saves what the backward reads and, at the
-backward, hands the saved values and the gradients the backward takes to the
-compiled backward. What AOTAutograd's runtime still does for such graphs, this one
-does too:
+Most graphs need none of that work: no input mutated outside the graph, no output
+aliasing an input or another output, plain tensors, no tokens or functionalised
+RNG. For those, `lean_training` returns a callable that runs the forward inside one
+`autograd.Function`, saves what the backward reads and, at the backward, hands the
+saved values and the gradients the backward takes to the compiled backward, and
+`lean_inference` one that calls the compiled graph. What AOTAutograd's runtime
+still does for such graphs, these do too:
+- inputs the graph writes in place have their version counters bumped, so autograd
+  sees the write;
 - views among the saved tensors are saved detached (autograd must not see a view of
   an output it is returning);
 - outputs that need no gradient are marked non-differentiable, and their gradients
@@ -26,7 +29,7 @@ does too:
 - saved tensors are released as the backward consumes them;
 - a second differentiation raises (`once_differentiable`) rather than returning a
   silently wrong gradient.
-A graph that needs more (`why_not_lean` says why; the forward's CompileRecord keeps it
+A graph that needs more (`why_not_lean` says why; the graph's CompileRecord keeps it
 in `autograd`), a call under compiled autograd or a functorch transform, and
 `EMBER_AUTOGRAD=aot` take AOTAutograd's runtime, which is always built as well.
 """
@@ -40,18 +43,33 @@ import torch
 from torch.autograd.function import once_differentiable
 
 _NON_ALIAS = "non_alias"
+autocast_on = torch._C._is_any_autocast_enabled
+no_autocast = torch._C._DisableAutocast
+bump = torch.autograd.graph.increment_version
 
 
-def why_not_lean(metadata: Any, example_inputs: Sequence[Any], backward_outputs: int) -> str | None:
-    """Why a training graph needs AOTAutograd's runtime, or None where ember's lean
-    one runs it as AOTAutograd's would."""
+def why_not_lean(
+    metadata: Any, example_inputs: Sequence[Any], backward_outputs: int | None
+) -> str | None:
+    """Why a graph needs AOTAutograd's runtime, or None where ember's lean one runs it
+    as AOTAutograd's would. `backward_outputs`: the number of values a training
+    graph's compiled backward returns; None for an inference graph."""
     if metadata is None:
         return "no AOTAutograd metadata"
     try:
         inputs = list(metadata.input_info)
         outputs = list(metadata.output_info)
-        if any(i.mutates_data or i.mutates_metadata for i in inputs):
-            return "an input is mutated"
+        if metadata.num_mutated_inp_runtime_indices:
+            return "an input is mutated outside the graph"
+        if any(i.mutates_metadata for i in inputs):
+            return "an input's metadata is mutated"
+        if backward_outputs is not None and any(i.mutates_data and i.requires_grad for i in inputs):
+            return "an input that requires grad is mutated"
+        metadata.mutated_graph_handled_indices_seen_by_autograd  # noqa: B018
+        if getattr(metadata, "dynamic_outputs", False) and _mark_dynamic() is None:
+            return "outputs with dynamic dimensions to mark"
+        if getattr(metadata, "grad_enabled_mutation", None) is not None:
+            return "the graph switches grad mode"
         if metadata.num_intermediate_bases:
             return "an output aliases an intermediate"
         for out in outputs:
@@ -72,9 +90,10 @@ def why_not_lean(metadata: Any, example_inputs: Sequence[Any], backward_outputs:
                 return "tensor subclasses"
         if _slice_length(metadata, "opaque_objects_saved_for_backwards_slice"):
             return "opaque objects saved for the backward"
-        metadata.tensors_saved_for_backwards_slice  # noqa: B018  # present in this torch
-        metadata.symints_saved_for_backwards_slice  # noqa: B018
-        metadata.num_forward_returns  # noqa: B018
+        if backward_outputs is not None:  # present in this torch's metadata
+            metadata.tensors_saved_for_backwards_slice  # noqa: B018
+            metadata.symints_saved_for_backwards_slice  # noqa: B018
+            metadata.num_forward_returns  # noqa: B018
     except AttributeError as exc:  # another torch's metadata: take its own runtime
         return f"AOTAutograd metadata without {exc.name or exc}"
     for value in example_inputs:
@@ -83,11 +102,31 @@ def why_not_lean(metadata: Any, example_inputs: Sequence[Any], backward_outputs:
                 return f"an input of type {type(value).__name__}"
         elif not isinstance(value, int | float | torch.SymInt | torch.SymFloat):
             return f"an input of type {type(value).__name__}"
-    if backward_outputs != len(example_inputs):
+    if backward_outputs is not None and backward_outputs != len(example_inputs):
         return f"the backward returns {backward_outputs} values for {len(example_inputs)} inputs"
     if _inlined_saved_tensor_hooks():
         return "saved-tensor hooks were traced into the graph"
     return None
+
+
+def _mark_dynamic() -> Callable[[torch.Tensor, set[int]], None] | None:
+    """Torch's marking of an output's dimensions as dynamic for the graphs Dynamo
+    traces after this one (AOTAutograd's runtime marks them), where this torch has it."""
+    from torch._functorch._aot_autograd import runtime_wrappers
+
+    mark = getattr(runtime_wrappers, "mark_dynamo_propagated_dynamic_indices", None)
+    return mark if callable(mark) else None
+
+
+def _dynamic_marks(metadata: Any) -> list[tuple[int, set[int]]]:
+    """The outputs AOTAutograd's runtime marks dynamic, with their dimensions."""
+    if not getattr(metadata, "dynamic_outputs", False):
+        return []
+    return [
+        (i, out.dynamic_dims)
+        for i, out in enumerate(metadata.output_info)
+        if getattr(out, "dynamic_dims", None) is not None
+    ]
 
 
 def _slice_length(metadata: Any, name: str) -> int:
@@ -136,8 +175,8 @@ def lean_training(
         and getattr(out, "requires_grad_for_backward", out.requires_grad)
     ]
     nondeterministic = getattr(metadata, "deterministic", None) is False
-    autocast_on = torch._C._is_any_autocast_enabled
-    no_autocast = torch._C._DisableAutocast
+    written = list(metadata.mutated_graph_handled_indices_seen_by_autograd)
+    dynamic, mark = _dynamic_marks(metadata), _mark_dynamic()
     interpreters = torch._C._functorch.peek_interpreter_stack
     from torch._dynamo import compiled_autograd
 
@@ -200,6 +239,40 @@ def lean_training(
             or interpreters() is not None
         ):
             return fallback(*args)
-        return list(apply(*args))
+        if written:
+            bump([args[i] for i in written])
+        outs = list(apply(*args))
+        if dynamic and mark is not None:
+            for i, dims in dynamic:
+                mark(outs[i], dims)
+        return outs
+
+    return run
+
+
+def lean_inference(
+    compiled: Callable[[list[Any]], Any], metadata: Any, fallback: Callable[..., Any]
+) -> Callable[..., Any]:
+    """The lean runtime for an inference graph that `why_not_lean` accepts: a callable
+    taking the graph's inputs and returning its outputs. `fallback` (AOTAutograd's
+    runtime) runs calls under a functorch transform."""
+    written = list(metadata.mutated_graph_handled_indices_seen_by_autograd)
+    dynamic, mark = _dynamic_marks(metadata), _mark_dynamic()
+    interpreters = torch._C._functorch.peek_interpreter_stack
+
+    def run(*args: Any) -> Any:
+        if interpreters() is not None:
+            return fallback(*args)
+        if written:
+            bump([args[i] for i in written])
+        if autocast_on():
+            with no_autocast():
+                outs = compiled(list(args))
+        else:
+            outs = compiled(list(args))
+        if dynamic and mark is not None:
+            for i, dims in dynamic:
+                mark(outs[i], dims)
+        return outs
 
     return run
