@@ -283,15 +283,25 @@ def test_inference_graphs_call_the_compiled_graph_directly(model_kind: str) -> N
     assert counts["lean"] == counts["aot"] == (2 if model_kind == "counter" else 0)
 
 
-def test_lazily_compiled_backwards_keep_aots_runtime() -> None:
+def test_a_lazily_compiled_backward_runs_on_the_lean_runtime_too() -> None:
     torch.manual_seed(0)
     model, x = MLP(6, 12, 2), torch.randn(4, 6)
-    torch._dynamo.reset()
-    first = len(compile_records)
-    with config.scope(backward="lazy"):
-        torch.compile(copy.deepcopy(model), backend="ember")(x).sum().backward()
-    (runtime,) = _runtimes(list(compile_records[first:]))
-    assert runtime.startswith("aot: the backward compiles at its first call")
+    grads = {}
+    for autograd in ("lean", "aot"):
+        twin = copy.deepcopy(model)
+        torch._dynamo.reset()
+        first = len(compile_records)
+        with config.scope(backward="lazy", autograd=autograd):
+            out = torch.compile(twin, backend="ember")(x)
+            before = [r.graph.split("_")[0] for r in compile_records[first:]]
+            assert before == ["forward"]  # nothing compiled for the backward yet
+        out.sum().backward()  # compiles it now, outside the scope, with its settings
+        records = list(compile_records[first:])
+        assert [r.graph.split("_")[0] for r in records] == ["forward", "backward"]
+        expected = "ember" if autograd == "lean" else "aot: EMBER_AUTOGRAD=aot"
+        assert _runtimes(records) == [expected]
+        grads[autograd] = [p.grad for p in twin.parameters()]
+    _same(grads["lean"], grads["aot"])
 
 
 def test_saved_activations_are_released_after_the_backward() -> None:

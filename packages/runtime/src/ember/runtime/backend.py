@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -302,9 +303,12 @@ def _aot_call(
     eager_backward = config.backward == "eager" or (
         config.backward == "auto" and defaults_for(device_type).eager_backward
     )
+    deferred = not eager_backward and config.autograd == "lean"
     if eager_backward:
         options["bw_compiler"] = _failing_at_first_call(options["bw_compiler"])
-    with _backward_compile(eager_backward):
+    elif deferred:  # AOTAutograd hands the backward over now, ember compiles it later
+        options["bw_compiler"] = _compiled_at_first_call(options["bw_compiler"], graphs)
+    with _backward_compile(eager_backward or deferred):
         if kwargs or any(isinstance(x, list | tuple | dict) for x in example_inputs):
             # nested inputs: torch's helper flattens them first
             compiled = aot_autograd(**options)(gm, example_inputs, **kwargs)
@@ -334,7 +338,7 @@ def _lean_runtime(
     if config.autograd != "lean":
         why = "EMBER_AUTOGRAD=aot"
     elif forward is not None and backward is None:
-        why = "the backward compiles at its first call (EMBER_BACKWARD)"
+        why = "AOTAutograd compiles the backward at its first call"
     elif any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
         why = "the graph module holds parameters"
     else:
@@ -392,6 +396,43 @@ def _failing_at_first_call(compiler: Callable[..., Any]) -> Callable[..., Any]:
             return failed
 
     return compile_or_defer
+
+
+def _compiled_at_first_call(
+    compiler: Callable[..., Any], graphs: dict[str, Any]
+) -> Callable[..., Any]:
+    """`compiler` for a backward that compiles lazily (`EMBER_BACKWARD=lazy`, the
+    CPU's default) while AOTAutograd hands it over with the forward: the graph is
+    kept and compiled at its first call, in the forward's tracing and compile
+    contexts, as AOTAutograd's own lazy compile does. Knowing the backward at the
+    forward's compile lets the graph run on ember's lean runtime
+    (ember.runtime.lean_runtime), which AOTAutograd's lazy compile would not allow,
+    and a forward never differentiated still compiles no backward."""
+    from torch._guards import CompileContext, TracingContext, compile_context, tracing
+
+    def compile_later(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        saved_tracing, saved_compile = TracingContext.try_get(), CompileContext.try_get()
+        lock = threading.Lock()
+        compiled: list[Any] = []
+
+        def backward(args: list[Any]) -> Any:
+            if not compiled:
+                with lock, contextlib.ExitStack() as stack:
+                    if not compiled:
+                        if saved_tracing is not None:
+                            stack.enter_context(tracing(saved_tracing))
+                        if saved_compile is not None:
+                            stack.enter_context(compile_context(saved_compile))
+                        stack.enter_context(torch._C._DisableAutocast())
+                        compiled.append(compiler(gm, example_inputs))
+            return compiled[0](args)
+
+        backward._boxed_call = True  # type: ignore[attr-defined]
+        graphs["backward"] = backward
+        graphs["backward_outputs"] = len(pytree.tree_leaves(output_node(gm).args[0]))
+        return backward
+
+    return compile_later
 
 
 def _backward_compile(eager: bool) -> contextlib.AbstractContextManager[Any]:
