@@ -12,6 +12,7 @@ the last bits of log1p and cos, which no two math libraries share).
 
 from __future__ import annotations
 
+from ember.codegen.triton.lookback import HELPERS as LOOKBACK_HELPERS
 from ember.codegen.triton.special import SPECIAL_CALLS, SPECIAL_HELPERS
 
 HELPERS: dict[str, str] = {
@@ -328,6 +329,7 @@ _CALLS: dict[str, tuple[str, ...]] = {
 
 
 HELPERS.update(SPECIAL_HELPERS)
+HELPERS.update(LOOKBACK_HELPERS)
 _CALLS.update(SPECIAL_CALLS)
 
 
