@@ -136,7 +136,7 @@ def run_kernel_case(name: str) -> dict[str, Any]:
     return {"case": name, "ok": True}
 
 
-LOOKBACK_PROBE = '''
+LOOKBACK_PROBE = """
 import triton
 import triton.language as tl
 {helpers}
@@ -146,7 +146,7 @@ def probe(words_ptr, out_ptr, tile, segment, tag):
     carry = ember_lookback(words_ptr, tile, segment, tag, tl.full([], 0.0, tl.float32),
                            ember_sum_combine, {window})
     tl.store(out_ptr, carry)
-'''
+"""
 
 
 def _word(tag: int, status: int, value: float) -> int:

@@ -873,7 +873,6 @@ class _Bound:
         del scratch  # the caching allocator orders its reuse after this stream's work
         return True
 
-
     def _workspace(self, stream: int) -> torch.Tensor:
         """The look-back workspace of launches on `stream`."""
         if torch.cuda.is_current_stream_capturing():

@@ -147,8 +147,7 @@ def lookback_member(
     )
     scope.emit("if segment > 0:")
     scope.emit(
-        f"    ember_lookback_publish({words}, tile, tag, "
-        f"{combine}({name}_carry, {name}_total), 2)"
+        f"    ember_lookback_publish({words}, tile, tag, {combine}({name}_carry, {name}_total), 2)"
     )
     result = f"{name}_result"
     scope.emit(f"{result} = {combine}({name}_carry, {name}_scan)")
