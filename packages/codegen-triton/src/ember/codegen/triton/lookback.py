@@ -71,7 +71,9 @@ def ember_lookback(words, tile, segment, tag, identity, combine_fn, WINDOW: tl.c
     # The combined values of the `segment` tiles before `tile` in its row (tiles
     # tile - segment .. tile - 1), read back from `words` nearest first, WINDOW at a
     # time: each step takes every published word up to the first inclusive prefix,
-    # stopping early at the first word not yet published (read again next step).
+    # stopping short of the first word not yet published (read again next step).
+    # One reduction finds both: the least of 2k at an inclusive prefix (or past the
+    # row's start) and 2k + 1 at a word not yet published.
     carry = identity
     look = tile - 1
     first = tile - segment
@@ -82,15 +84,15 @@ def ember_lookback(words, tile, segment, tag, identity, combine_fn, WINDOW: tl.c
         inside = at >= first
         word = tl.load(words + at, mask=inside, other=0, volatile=True)
         upper = word >> 32
-        ready = (((upper & -4) == tag) & ((upper & 3) != 0)) | ~inside
+        ready = ((upper & -4) == tag) & ((upper & 3) != 0)
         stop = (ready & ((upper & 3) == 2)) | ~inside
-        first_stop = tl.min(tl.where(stop, k, WINDOW))
-        first_wait = tl.min(tl.where(ready, WINDOW, k))
-        take = inside & (k <= first_stop) & (k < first_wait)
+        key = tl.where(stop, 2 * k, tl.where(ready, 2 * WINDOW, 2 * k + 1))
+        end = tl.min(key)
+        take = inside & (2 * k <= end)
         value = word.to(tl.int32).to(tl.float32, bitcast=True)
         carry = combine_fn(tl.reduce(tl.where(take, value, identity), 0, combine_fn), carry)
-        searching = first_stop >= first_wait
-        look = look - first_wait
+        searching = ((end & 1) == 1) | (end == 2 * WINDOW)
+        look = look - (end >> 1)
     return carry
 """,
 }
