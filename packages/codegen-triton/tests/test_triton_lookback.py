@@ -48,7 +48,11 @@ def test_long_float32_carried_rows_scan_with_look_back() -> None:
     assert 'ticket = tl.atomic_add(workspace_ptr, 1, sem="relaxed")' in source
     assert "for roffset" not in source  # one tile a program
     # the aggregate is published before the tile's scan, the carry waited for after it
-    order = ["ember_lookback_publish(a1_words", "tl.cumsum(a1_x, 1)", "a1_carry = ember_lookback("]
+    order = [
+        "ember_lookback_publish(a1_words",
+        "tl.cumsum(a1_x, 1)",
+        "a1_carry = ember_lookback_sum(",
+    ]
     positions = [source.index(text) for text in order]
     assert positions == sorted(positions)
     assert all(c.block("XBLOCK") == 1 for c in rendered.configs)
@@ -62,7 +66,10 @@ def test_products_logsumexps_and_two_scans_share_the_workspace() -> None:
     assert "tl.cumprod(a1_x, 1)" in rendered.source or "tl.cumprod(a2_x, 1)" in rendered.source
     rendered = _rendered(lambda x: torch.logcumsumexp(x, 1), x)
     assert rendered.kind == LOOKBACK_SCAN
-    assert "ember_logaddexp_combine, 128)" in rendered.source
+    assert "a1_carry = ember_lookback_logsumexp(" in rendered.source
+    assert "tl.reduce(tl.where(take, value, identity), 0, ember_logaddexp_combine)" in (
+        rendered.source
+    )
 
 
 @pytest.mark.parametrize(
@@ -143,8 +150,8 @@ import triton.language as tl
 
 @triton.jit
 def probe(words_ptr, out_ptr, tile, segment, tag):
-    carry = ember_lookback(words_ptr, tile, segment, tag, tl.full([], 0.0, tl.float32),
-                           ember_sum_combine, {window})
+    carry = ember_lookback_sum(words_ptr, tile, segment, tag, tl.full([], 0.0, tl.float32),
+                               {window})
     tl.store(out_ptr, carry)
 """
 
@@ -155,10 +162,10 @@ def _word(tag: int, status: int, value: float) -> int:
 
 
 def run_helper_case(name: str) -> dict[str, Any]:
-    """`ember_lookback` of tile 300 (segment 290 of its row) over words set by hand."""
+    """`ember_lookback_sum` of tile 300 (segment 290 of its row) over words set by hand."""
     from ember.codegen.triton.helpers import helper_source
 
-    helpers = helper_source({"ember_lookback", "ember_sum_combine"})
+    helpers = helper_source({"ember_lookback_sum"})
     source = LOOKBACK_PROBE.format(helpers=helpers, window=WINDOW)
     probe = load_function(source, "probe", Path(tempfile.mkdtemp()))
     tile, segment, tag = 300, 290, 5

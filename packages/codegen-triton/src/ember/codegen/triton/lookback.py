@@ -65,9 +65,13 @@ def ember_lookback_publish(words, tile, tag, value, status):
     bits = value.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
     tl.atomic_xchg(words + tile, ((tag | status) << 32) | bits, sem="relaxed")
 """,
-    "ember_lookback": """
+}
+
+# One look-back helper per kind, its combine written in (a jit function passed as an
+# argument can be called but not handed on to tl.reduce).
+_LOOKBACK_TEMPLATE = """
 @triton.jit
-def ember_lookback(words, tile, segment, tag, identity, combine_fn, WINDOW: tl.constexpr):
+def ember_lookback_{kind}(words, tile, segment, tag, identity, WINDOW: tl.constexpr):
     # The combined values of the `segment` tiles before `tile` in its row (tiles
     # tile - segment .. tile - 1), read back from `words` nearest first, WINDOW at a
     # time: each step takes every published word up to the first inclusive prefix,
@@ -90,12 +94,14 @@ def ember_lookback(words, tile, segment, tag, identity, combine_fn, WINDOW: tl.c
         end = tl.min(key)
         take = inside & (2 * k <= end)
         value = word.to(tl.int32).to(tl.float32, bitcast=True)
-        carry = combine_fn(tl.reduce(tl.where(take, value, identity), 0, combine_fn), carry)
+        carry = {combine}(tl.reduce(tl.where(take, value, identity), 0, {combine}), carry)
         searching = ((end & 1) == 1) | (end == 2 * WINDOW)
         look = look - (end >> 1)
     return carry
-""",
-}
+"""
+for _kind, (_combine, _) in COMBINES.items():
+    HELPERS[f"ember_lookback_{_kind}"] = _LOOKBACK_TEMPLATE.format(kind=_kind, combine=_combine)
+CALLS = {f"ember_lookback_{kind}": (combine,) for kind, (combine, _) in COMBINES.items()}
 
 
 def setup_lookback_axes(plan: KernelPlan, printer: IndexPrinter, scope: Scope) -> None:
@@ -128,7 +134,7 @@ def lookback_member(
     """Lines scanning the block `x` ([1, RBLOCK], carried values, identity past the
     row) of member number `member` with look-back; returns the name of the result."""
     combine, identity = COMBINES[kind]
-    helpers |= {combine, "ember_lookback", "ember_lookback_publish"}
+    helpers |= {combine, f"ember_lookback_{kind}", "ember_lookback_publish"}
     words = f"{name}_words"
     scope.emit(f"{words} = {WORKSPACE} + 1 + {member} * programs")
     scope.emit(f"{name}_total = tl.reduce({x}, None, {combine})")
@@ -144,8 +150,8 @@ def lookback_member(
     }[kind]
     scope.emit(f"{name}_scan = {scan}")
     scope.emit(
-        f"{name}_carry = ember_lookback({words}, tile, segment, tag, "
-        f"tl.full([], {identity}, tl.float32), {combine}, {WINDOW})"
+        f"{name}_carry = ember_lookback_{kind}({words}, tile, segment, tag, "
+        f"tl.full([], {identity}, tl.float32), {WINDOW})"
     )
     scope.emit("if segment > 0:")
     scope.emit(
