@@ -64,6 +64,7 @@ def _compile(fn: Any, *args: Any, debug: bool = False, **render: Any) -> str:
         jit = _load_jit(rendered)
         types = [_POINTER[dtypes.get(b, torch.int64)] for b in rendered.buffer_arguments]
         types += ["i64"] * (len(rendered.size_arguments) + len(rendered.bounds_arguments))
+        types += ["*i64"] * bool(rendered.workspace)  # a look-back scan's workspace
         names = jit.arg_names
         signature = dict(zip(names, types + ["constexpr"] * (len(names) - len(types)), strict=True))
         config = rendered.configs[0]
@@ -112,6 +113,14 @@ def _x(*shape: int) -> torch.Tensor:
         ("cummin_bool", lambda x: torch.cummin(x > 0, -1), (randn(16, 500),), {}),
         ("logcumsumexp", lambda x: torch.logcumsumexp(x, -1), (randn(16, 3000),), {}),
         ("cumsum_int", lambda x: (x > 0).cumsum(-1), (randn(16, 300),), {}),
+        # one-pass look-back scans: the ticket, the published words, the look-back loop
+        ("cumsum_lookback", lambda x: x.cumsum(-1), (_x(3, 40000),), {}),
+        (
+            "scans_lookback",
+            lambda x: (x.cumsum(1), x.cumprod(1), torch.logcumsumexp(x, 1)),
+            (randn(2, 40000, dtype=torch.float16),),
+            {},
+        ),
         ("sort", lambda x: torch.sort(x, -1), (_x(16, 1024),), {}),
         ("sort_descending_bf16", lambda x: torch.sort(x, 0, descending=True), (_x(300, 8),), {}),
         ("topk", lambda x: torch.topk(x, 5, -1), (randn(64, 100),), {}),
@@ -179,6 +188,27 @@ def _x(*shape: int) -> torch.Tensor:
 )
 def test_compiles_for_sm90(name: str, fn: Any, args: tuple[Any, ...], options: Any) -> None:
     assert _compile(fn, *args, **options)
+
+
+def test_look_back_reads_published_words_past_the_l1_cache() -> None:
+    """The look-back's reads are volatile (each poll reaches the L2 cache, where other
+    programs' words land), the ticket is one 64-bit atomic add, the tile's loads and
+    stores 16 bytes at a time."""
+    (kernel,) = fused_kernels(lambda x: x.cumsum(0), randn(1 << 20, dtype=torch.bfloat16))
+    rendered = render_kernel(kernel)
+    assert rendered.kind == "lookback_scan"
+    jit = _load_jit(rendered)
+    types = ["*bf16", "*bf16", "*i64", "constexpr", "constexpr"]
+    signature = dict(zip(jit.arg_names, types, strict=True))
+    config = rendered.configs[0]
+    aligned = {(i,): [["tt.divisibility", 16]] for i in range(2)}  # as the runtime says
+    source = ASTSource(jit, signature, constexprs=dict(config.blocks), attrs=aligned)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    assert "ld.volatile.global.b64" in ptx
+    assert ptx.count("atom.global.gpu.relaxed.add.u64") == 1
+    assert ptx.count("atom.global.gpu.relaxed.exch.b64") == 2  # the aggregate, the prefix
+    assert "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
 
 
 def _attention_output(x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Triton scan kernels (cumsum, cumprod, cummax, cummin, logcumsumexp), persistent and
-looped, run and compared with the IR interpreter and eager.
+"""Triton scan kernels (cumsum, cumprod, cummax, cummin, logcumsumexp), persistent,
+looped and with look-back, run and compared with the IR interpreter and eager.
 
 On the CPU they run in Triton's interpreter, in a subprocess (`TRITON_INTERPRET=1`
 must be set before Triton is imported and must not leak into other tests), which
@@ -41,6 +41,14 @@ def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> Callable[[str], l
     return make
 
 
+def _integers(*shape: int, dtype: torch.dtype) -> Callable[[str], list[Any]]:
+    def make(device: str) -> list[Any]:
+        g = torch.Generator().manual_seed(0)
+        return [torch.randint(-2, 3, shape, generator=g).to(dtype).to(device)]
+
+    return make
+
+
 # name -> (function, inputs, options: reduction='looped' forces the looped form,
 # interpret=False skips the interpreter)
 CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str, Any]]] = {
@@ -74,6 +82,13 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[str], list[Any]], dict[str,
         lambda x: torch.logcumsumexp(x, 1),
         _randn(4, 3000),
         {"interpret": False},
+    ),
+    # long rows carried in float32: one pass with look-back, its workspace from the
+    # launcher; small integers, so every float32 sum is exact (and a float16 one)
+    "cumsum_lookback": (
+        lambda x: x.cumsum(1),
+        _integers(2, 33001, dtype=torch.float16),
+        {"atol": 0, "rtol": 0},
     ),
 }
 
@@ -124,7 +139,7 @@ def test_scan_kernel_in_interpreter(case: str, interpreted: dict[str, dict[str, 
 
 def test_both_scan_forms_ran(interpreted: dict[str, dict[str, Any]]) -> None:
     kinds = {k for r in interpreted.values() for k in r.get("kinds", [])}
-    assert {"persistent_scan", "looped_scan"} <= kinds
+    assert {"persistent_scan", "looped_scan", "lookback_scan"} <= kinds
     assert interpreted["cummax_ties"]["kernels"] == 1  # values and indices together
 
 

@@ -25,6 +25,14 @@ the rest of the process (kernels that read what they write, or whose tensors ali
 are timed on copies), then binds the launch: grid, sizes and block sizes fixed, so a
 later call writes the tensors' addresses into the argument block and launches.
 
+A look-back scan (`TritonKernel.workspace`) gets a workspace from its launcher: zeroed
+int64 words, allocated at the first launch of a bound config on each stream and kept
+for the later ones there (the kernel leaves them fit for its next launch of the same
+grid, so no launch pays for zeroing them). Launches on another stream get their own,
+so the same kernel may run on two streams at once; a launch being captured into a
+CUDA graph uses one kept for graphs, allocated when the launch was bound (the capture
+of ember.runtime.cudagraphs follows a call outside it).
+
 Binaries assume 16-byte-aligned buffers (Triton vectorises on that). A call with a
 buffer that is not aligned so launches a variant compiled without that assumption
 (compiled on first need); such launches are counted in `unaligned_launches`.
@@ -384,6 +392,8 @@ class TritonLauncher:
         size_type = "i64" if variant.wide else "i32"
         types += [size_type] * len(kernel.size_arguments)
         types += ["i64"] * len(kernel.bounds_arguments)
+        if kernel.workspace:
+            types.append("*i64")
         blocks = dict(variant.config.blocks)
         constant = [n for n in names[len(types) :]]
         if sorted(constant) != sorted(blocks):
@@ -491,7 +501,11 @@ class TritonLauncher:
         sizes = [int(s) for s in args[self._buffers :]]
         if interpreting() or not tensors or tensors[0].device.type != "cuda":
             config = self.kernel.configs[0]
-            self._launch_jit(config, self._operands(tensors, sizes), sizes)
+            operands = self._operands(tensors, sizes)
+            if self.kernel.workspace:  # a fresh one: nothing to keep between these launches
+                programs = self.grid(config, sizes)[0]
+                operands.append(new_workspace(self.kernel, programs, tensors[0].device))
+            self._launch_jit(config, operands, sizes)
             return
         if self.grid(self.kernel.configs[0], sizes)[0] <= 0:
             # Nothing to compute (a size is 0): the driver refuses a grid of no
@@ -617,6 +631,7 @@ class TritonLauncher:
             "index_type": kernel.index_type,
             "index_checks": [list(c) for c in kernel.index_checks],
             "launch_options": [list(o) for o in kernel.launch_options],
+            "workspace": kernel.workspace,
             "variants": variants,
             "chosen": chosen,
         }
@@ -643,6 +658,7 @@ class TritonLauncher:
             index_type=spec["index_type"],
             index_checks=tuple((str(w), int(d)) for w, d in spec["index_checks"]),
             launch_options=tuple((str(k), bool(v)) for k, v in spec["launch_options"]),
+            workspace=int(spec.get("workspace", 0)),
         )
         launcher = TritonLauncher(kernel, None, grid=spec["grid"])
         for entry in spec["variants"]:
@@ -771,10 +787,16 @@ def _restored_sources() -> Callable[[], Path]:
     return lambda: cache_directory(cache, directory) / "kernels"
 
 
+def new_workspace(kernel: TritonKernel, programs: int, device: torch.device) -> torch.Tensor:
+    """A zeroed workspace for `programs` programs of `kernel` (see TritonKernel)."""
+    return torch.zeros(1 + kernel.workspace * programs, dtype=torch.int64, device=device)
+
+
 class _Bound:
     """A kernel's binary bound to one set of sizes: grid, sizes, block sizes and
     scratch fixed, so a launch writes the buffers' addresses (and, with index checks,
-    their storage sizes) into the argument block and calls the driver.
+    their storage sizes) into the argument block and calls the driver. A look-back
+    scan's workspaces are kept here, one per stream (see the module docstring).
 
     Calling it returns False, launching nothing, where a buffer is not 16-byte aligned
     and the binary assumes it is. The thread that bound it (the one that runs the
@@ -783,7 +805,7 @@ class _Bound:
 
     __slots__ = (
         "address", "aligned", "bounds", "device", "launch", "owner", "scratch", "slots",
-        "variant",
+        "variant", "workspace", "workspaces",
     )  # fmt: skip
 
     def __init__(
@@ -801,6 +823,14 @@ class _Bound:
         self.bounds = [(buffers + len(sizes) + n, i) for n, i in enumerate(launcher._bounds)]
         fixed = {buffers + n: s for n, s in enumerate(sizes)}
         user = buffers + len(sizes) + len(self.bounds)
+        # a look-back scan's workspace: (its slot, words); one for graph captures now
+        self.workspace: tuple[int, torch.device] | None = None
+        self.workspaces: dict[int | str, torch.Tensor] = {}
+        if launcher.kernel.workspace:
+            self.workspace = (user, torch.device("cuda", function.device))
+            programs = grid[0] * grid[1] * grid[2]
+            self.workspaces["graph"] = new_workspace(launcher.kernel, programs, self.workspace[1])
+            user += 1
         for index in range(user, len(binary.kinds)):
             fixed[index] = 0  # Triton's scratch pointers: none needed ...
         programs = grid[0] * grid[1] * grid[2]
@@ -830,15 +860,28 @@ class _Bound:
             for slot_index, i in self.bounds:
                 t = tensors[i]
                 slots[slot_index].value = t.untyped_storage().nbytes() // t.element_size()
+        stream = _raw_stream(self.device)
+        if self.workspace is not None:
+            slots[self.workspace[0]].value = self._workspace(stream).data_ptr()
         if self.scratch is None:
-            self.launch.launch(_raw_stream(self.device), address)
+            self.launch.launch(stream, address)
             return True
         nbytes, slot_index = self.scratch
         scratch = torch.empty(nbytes, dtype=torch.uint8, device=tensors[0].device)
         slots[slot_index].value = scratch.data_ptr()
-        self.launch.launch(_raw_stream(self.device), address)
+        self.launch.launch(stream, address)
         del scratch  # the caching allocator orders its reuse after this stream's work
         return True
+
+    def _workspace(self, stream: int) -> torch.Tensor:
+        """The look-back workspace of launches on `stream`."""
+        if torch.cuda.is_current_stream_capturing():
+            return self.workspaces["graph"]
+        found = self.workspaces.get(stream)
+        if found is None:
+            zeroed = self.workspaces["graph"]  # the same size; zero where it was made
+            found = self.workspaces[stream] = torch.zeros_like(zeroed)
+        return found
 
 
 class _NoPrograms:

@@ -12,6 +12,8 @@ the last bits of log1p and cos, which no two math libraries share).
 
 from __future__ import annotations
 
+from ember.codegen.triton.lookback import CALLS as LOOKBACK_CALLS
+from ember.codegen.triton.lookback import HELPERS as LOOKBACK_HELPERS
 from ember.codegen.triton.special import SPECIAL_CALLS, SPECIAL_HELPERS
 
 HELPERS: dict[str, str] = {
@@ -328,6 +330,8 @@ _CALLS: dict[str, tuple[str, ...]] = {
 
 
 HELPERS.update(SPECIAL_HELPERS)
+HELPERS.update(LOOKBACK_HELPERS)
+_CALLS.update(LOOKBACK_CALLS)
 _CALLS.update(SPECIAL_CALLS)
 
 

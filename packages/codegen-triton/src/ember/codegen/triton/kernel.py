@@ -20,7 +20,9 @@ import torch
 from ember.codegen.triton.body import BodyRenderer, Scope
 from ember.codegen.triton.gemm import GEMM, gemm_configs, plan_gemm, render_gemm
 from ember.codegen.triton.helpers import helper_source
+from ember.codegen.triton.lookback import setup_lookback_axes
 from ember.codegen.triton.plan import (
+    LOOKBACK_SCAN,
     POINTWISE,
     POINTWISE_2D,
     SCANS,
@@ -80,6 +82,7 @@ class TritonKernel:
     index_type: str
     index_checks: tuple[tuple[str, int], ...] = ()  # (op and graph node, dimension)
     launch_options: tuple[tuple[str, bool], ...] = ()
+    workspace: int = 0  # int64 words per program of the launcher's workspace (see below)
 
     @property
     def idempotent(self) -> bool:
@@ -119,6 +122,9 @@ def render_kernel(
     scope = Scope()
     if plan.kind == GEMM:
         render_gemm(positional, plan, body, scope, configs)
+    elif plan.kind == LOOKBACK_SCAN:
+        setup_lookback_axes(plan, body.printer, scope)
+        configs = candidate_configs(kernel, plan)
     else:
         setup_axes(plan, body.printer, scope)
         configs = candidate_configs(kernel, plan)
@@ -170,6 +176,7 @@ def render_kernel(
         index_checks=tuple((c.describe(), c.dim) for c in body.index_checks),
         launch_options=(CHECKED_OPTIONS if body.index_checks else ())
         + (FULL_RANGE_OPTIONS if FULL_RANGE_HELPERS & body.helpers else ()),
+        workspace=len(positional.members) if plan.kind == LOOKBACK_SCAN else 0,
     )
 
 

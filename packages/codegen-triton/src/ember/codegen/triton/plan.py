@@ -23,6 +23,10 @@ Kinds of kernel:
 - `looped_scan`: block [XBLOCK, RBLOCK], one loop along the row that carries each
   member's running value from block to block. XBLOCK > 1 with a short RBLOCK when the
   loads are contiguous along the outer variables (a cumsum over dim 0).
+- `lookback_scan`: one pass over a few long rows (`lookback_applies`): block
+  [1, RBLOCK], one program per tile of RBLOCK elements of a row, each carried in
+  from the tiles before it by decoupled look-back (ember.codegen.triton.lookback).
+  The grid counts the tiles of every row.
 - `sort`: block [XBLOCK, RBLOCK] with RBLOCK the whole (static, at most
   MAX_SORT_LENGTH) sorted row padded to a power of two: one bitonic sort of (value,
   position) pairs per row. Longer or symbolic rows are never sorted here: lowering
@@ -41,10 +45,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import sympy
+import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from ember.codegen.triton.printer import IndexPrinter, coefficient, upper_bound
 from ember.ir.expr import IndexExpr, Load, Rand, walk
+from ember.ir.scan import FEW_ROWS, LONG_SCAN
 from ember.ir.symbolic import SIZE_HINT, index_var, size_hint
 from ember.scheduler import FusedKernel
 
@@ -55,7 +61,8 @@ LOOPED = "looped_reduction"
 SCATTER = "scatter"
 PERSISTENT_SCAN = "persistent_scan"
 LOOPED_SCAN = "looped_scan"
-SCANS = (PERSISTENT_SCAN, LOOPED_SCAN)
+LOOKBACK_SCAN = "lookback_scan"
+SCANS = (PERSISTENT_SCAN, LOOPED_SCAN, LOOKBACK_SCAN)
 SORT = "sort"
 
 # Rows up to this many elements stay in registers (persistent reductions).
@@ -167,7 +174,8 @@ class KernelPlan:
 
     @property
     def grid(self) -> GridSpec:
-        return GridSpec(tuple((a.numel, a.block) for a in self.axes if a.name != "r"))
+        tiled = self.kind == LOOKBACK_SCAN  # a program per tile of the row too
+        return GridSpec(tuple((a.numel, a.block) for a in self.axes if tiled or a.name != "r"))
 
 
 def _static(expr: sympy.Expr) -> int | None:
@@ -375,6 +383,8 @@ def plan_kernel(kernel: FusedKernel, *, reduction: str | None = None) -> KernelP
     rblock = 1 << max(rnumel - 1, 0).bit_length() if rnumel is not None else None
     if kernel.is_sort:
         return KernelPlan(SORT, (outer, row), index_type, rblock=rblock)
+    if kernel.is_scan and lookback_applies(kernel) and reduction is None:
+        return KernelPlan(LOOKBACK_SCAN, (outer, row), index_type)
     if kernel.is_scan:
         limit = 64 if _outer_contiguous(kernel) else PERSISTENT_SCAN_MAX
         if rblock is not None and rblock <= limit and reduction != "looped":
@@ -389,6 +399,26 @@ def plan_kernel(kernel: FusedKernel, *, reduction: str | None = None) -> KernelP
     if persistent:
         return KernelPlan(PERSISTENT, (outer, row), index_type, rblock=rblock)
     return KernelPlan(LOOPED, (outer, row), index_type)
+
+
+# Kinds of scan a look-back kernel carries between tiles: each combine is commutative
+# and associative, and its running value fits the 32 bits packed beside a status.
+LOOKBACK_KINDS = frozenset({"sum", "prod", "logsumexp"})
+
+
+def lookback_applies(kernel: FusedKernel) -> bool:
+    """Whether `kernel` scans in one pass with look-back: float32-carried sums,
+    products or logsumexps of static rows, long and few (the rows lowering leaves whole
+    for this, `ember.ir.scan.SINGLE_PASS_DEVICES`: one program a row would be serial)."""
+    rows, length = _static(sympy.Mul(*kernel.ranges)), _static(sympy.Mul(*kernel.reduction_ranges))
+    return (
+        rows is not None
+        and length is not None
+        and length >= LONG_SCAN
+        and rows <= FEW_ROWS
+        and len(kernel.reduction_ranges) == 1
+        and all(m.scan in LOOKBACK_KINDS and m.body.dtype == torch.float32 for m in kernel.members)
+    )
 
 
 def candidate_configs(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ...]:
@@ -528,6 +558,11 @@ def config_menu(kernel: FusedKernel, plan: KernelPlan) -> tuple[LaunchConfig, ..
         for budget in (1024, 2048):
             xb = max(1, min(budget // rblock, xcap))
             add(4 if xb * rblock <= 1024 else 8, XBLOCK=xb, RBLOCK=rblock)
+    elif plan.kind == LOOKBACK_SCAN:
+        # tiles of 2048 to 8192 elements: 256 to 1024 tiles of 1M elements, about
+        # CUB's tile for one program of 4 to 16 warps (16 elements a thread)
+        for rb, warps in ((4096, 8), (2048, 4), (8192, 16)):
+            add(warps, 1, XBLOCK=1, RBLOCK=rb)
     elif plan.kind == LOOPED_SCAN and _outer_contiguous(kernel):
         for xb, rb, warps in ((COLUMN_XBLOCK, 16, 4), (32, 32, 4), (128, 8, 4)):
             add(warps, 1, XBLOCK=min(xb, xcap), RBLOCK=rb)

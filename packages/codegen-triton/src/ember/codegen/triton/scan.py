@@ -9,6 +9,9 @@ total (a `tl.reduce` with the same combine). Lanes past the row's end hold the n
 element; they come after every real element of the row, so they change no stored
 result, and the carry they reach is never used.
 
+A look-back scan (ember.codegen.triton.lookback) scans one tile of a long row per
+program and carries in the tiles before it through the launcher's workspace.
+
 cummax/cummin scan (value, index) pairs with `ember_cummax_combine`: torch's rule (NaN
 wins, ties go to the later index), written symmetrically in the indices so that
 `tl.reduce`, which may combine in any order, agrees with the scan.
@@ -19,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from ember.codegen.triton.body import BodyRenderer, Scope, Value
-from ember.codegen.triton.plan import LOOPED_SCAN, KernelPlan
+from ember.codegen.triton.lookback import lookback_member
+from ember.codegen.triton.plan import LOOKBACK_SCAN, LOOPED_SCAN, KernelPlan
 from ember.codegen.triton.printer import UnsupportedKernelError, register_type
 from ember.codegen.triton.reduction import identity
 from ember.codegen.triton.skeleton import define_variables
@@ -42,6 +46,10 @@ class ScanRenderer:
         for m in self.kernel.members:
             if m.kind != SCAN:
                 raise UnsupportedKernelError(f"kernel {self.kernel.name}: {m.kind} member {m.name}")
+        if self.plan.kind == LOOKBACK_SCAN:  # the axes' setup defined the row's variables
+            for number, m in enumerate(self.kernel.members):
+                self._lookback_member(m, number, scope)
+            return
         if self.plan.kind != LOOPED_SCAN:
             scope.emit("rindex = rbase")
             scope.emit("rmask = rindex < rnumel")
@@ -119,6 +127,16 @@ class ScanRenderer:
             result = f"{name}_k" if kind.startswith("arg") else f"{name}_v"
         else:
             raise UnsupportedKernelError(f"kernel {self.kernel.name}: scan {kind!r}")
+        self._store(m, result, dtype, scope)
+
+    def _lookback_member(self, m: KernelMember, number: int, scope: Scope) -> None:
+        kind, dtype = m.scan or "", m.body.dtype
+        name = _var(m.name)
+        value = self.body.render(m.body, scope).name
+        x = f"{name}_x"
+        scope.emit(f"{x} = tl.where(xmask & rmask, {value}, {identity(kind, dtype)})")
+        scope.emit(f"{x} = {x}.to({register_type(dtype)})")
+        result = lookback_member(kind, name, x, number, scope, self.body.helpers)
         self._store(m, result, dtype, scope)
 
     def _store(self, m: KernelMember, result: str, carried: torch.dtype, scope: Scope) -> None:

@@ -4,7 +4,8 @@ Arguments, in order: one per buffer of `FusedKernel.buffer_arguments()` (a point
 the start of the buffer's storage; a random seed is a one-element int64 buffer read
 in the kernel), the size symbols of `size_arguments()` (ints, never specialised, so a new
 batch size does not recompile), in debug mode the storage sizes of the buffers read
-or written indirectly (bounds checks), then the block sizes (constexpr).
+or written indirectly (bounds checks), the launcher's workspace (a look-back scan's:
+`TritonKernel.workspace`), then the block sizes (constexpr).
 
 Axis setup turns the program id into block offsets, `{axis}index` vectors shaped for
 the block ([XBLOCK] for 1-D; [YBLOCK, 1] / [1, XBLOCK] for 2-D tiles; [XBLOCK, 1] /
@@ -17,7 +18,7 @@ from __future__ import annotations
 import sympy
 
 from ember.codegen.triton.body import Scope, numel_name, pointer_name
-from ember.codegen.triton.plan import POINTWISE_2D, Axis, KernelPlan
+from ember.codegen.triton.plan import LOOKBACK_SCAN, POINTWISE_2D, Axis, KernelPlan
 from ember.codegen.triton.printer import IndexPrinter, sanitize
 from ember.scheduler import FusedKernel
 
@@ -26,6 +27,8 @@ def parameters(kernel: FusedKernel, plan: KernelPlan, bounds: list[str]) -> list
     names = [pointer_name(b) for b in kernel.buffer_arguments()]
     names += [sanitize(s.name) for s in kernel.size_arguments()]
     names += [numel_name(b) for b in bounds]
+    if plan.kind == LOOKBACK_SCAN:
+        names.append("workspace_ptr")
     names += [f"{a.block}: tl.constexpr" for a in plan.axes]
     return names
 
