@@ -92,7 +92,9 @@ def ember_lookback_{kind}(words, tile, segment, tag, identity, WINDOW: tl.conste
         stop = (ready & ((upper & 3) == 2)) | ~inside
         key = tl.where(stop, 2 * k, tl.where(ready, 2 * WINDOW, 2 * k + 1))
         end = tl.min(key)
-        take = inside & (2 * k <= end)
+        # up to and with the inclusive prefix at an even end; short of the word not
+        # yet published at an odd one (its value is a stale launch's, or nothing)
+        take = inside & (((2 * k <= end) & ((end & 1) == 0)) | (2 * k + 1 < end))
         value = word.to(tl.int32).to(tl.float32, bitcast=True)
         carry = {combine}(tl.reduce(tl.where(take, value, identity), 0, {combine}), carry)
         searching = ((end & 1) == 1) | (end == 2 * WINDOW)
