@@ -111,14 +111,33 @@ def scheduling_choices(records: Records, matmul_templates: str = "off") -> Devic
     `matmul_templates` (EMBER_MATMUL_TEMPLATES) 'on' turns matmul templates with fused
     epilogues on where the codegen renders them (`template_choices`). 'auto' leaves
     them off here: the compiler measures each matmul and asks for the templates that
-    win (ember.runtime.matmul_choice)."""
+    win (ember.runtime.matmul_choice). On the CPU, 'auto' and 'on' turn them on
+    wherever torch's BLAS can compute the products (`cpu_templates`)."""
     if len({r.type for r in records.values()}) != 1:
         return DEFAULT_CHOICES
+    if matmul_templates != "off" and cpu_templates(records):
+        templates = template_choices(records)
+        if templates is not None:
+            return templates
     if matmul_templates == "on":
         templates = template_choices(records)
         if templates is not None:
             return templates
     return min(records.values(), key=lambda r: str(r.device)).choices
+
+
+def cpu_templates(records: Records) -> bool:
+    """Whether a CPU graph's float32 matmuls become matmul kernels with their
+    epilogues (ember.codegen.cpp.matmul_loops): wherever torch exports the BLAS
+    `sgemm_` those kernels call for their blocks (ember.runtime.blas). No measuring: on
+    the 2-core development VM the blocked products with their epilogues beat ATen's
+    `addmm` and the separate epilogue kernel at every size the demo and the CPU suite
+    run (benchmarks/cpu_gemm_blocks.py); on one thread they are the same sgemm."""
+    if not records or any(r.type != "cpu" for r in records.values()):
+        return False
+    from ember.runtime.blas import sgemm_pointer
+
+    return sgemm_pointer() is not None
 
 
 def template_choices(records: Records) -> DeviceChoices | None:
