@@ -68,7 +68,8 @@ def main() -> None:
     for threads in (int(t) for t in options.threads.split(",")):
         torch.set_num_threads(threads)
         print(f"\n{threads} thread(s)\n")
-        print("| M x K x N | epilogue | eager | ATen addmm + kernel | matmul kernel | eager / kernel |")
+        columns = ("M x K x N", "epilogue", "eager", "ATen addmm + kernel", "matmul kernel")
+        print("| " + " | ".join(columns) + " | eager / kernel |")
         print("|---|---|---:|---:|---:|---:|")
         for shape in options.shapes.split(","):
             m, k, n = (int(s) for s in shape.split("x"))

@@ -40,7 +40,7 @@ def test_a_linear_and_its_activation_are_one_matmul_kernel() -> None:
     assert "ember::GemmBlocks blocks(batch, M, N, K, omp_get_max_threads());" in source
     # x row-major (stride 256 along M, 1 along K); w^T read with stride 1 along K
     assert ", 256, 1, " in source and ", 1, 256, scratch);" in source
-    body = source.split("extern \"C\" void ember_set_sgemm")[1]
+    body = source.split('extern "C" void ember_set_sgemm')[1]
     assert "ember::sigmoid(" in body and "row[i1 - n0]" in body
     assert "ember_set_sgemm" in source and source.startswith(PRELUDE)
 
@@ -63,7 +63,9 @@ def test_other_dtypes_and_bare_products_stay_aten_calls() -> None:
 
 
 def test_a_batched_product_indexes_each_matrix() -> None:
-    kernels = kernels_of(lambda a, b: torch.relu(a @ b), torch.randn(3, 8, 16), torch.randn(3, 16, 4))
+    kernels = kernels_of(
+        lambda a, b: torch.relu(a @ b), torch.randn(3, 8, 16), torch.randn(3, 16, 4)
+    )
     (kernel,) = [k for k in kernels if k.matmul is not None]
     source = render_kernels([kernel]).source
     assert "const int64_t batch = 3;" in source and "128*i0" in source

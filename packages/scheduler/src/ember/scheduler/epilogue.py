@@ -21,11 +21,12 @@ exactly the point it computes (no transposed, shifted, masked or indirect read: 
 fuser's rule 3). A product that something else reads too is stored as well.
 
 Only calls that fit the template are turned: float16, bfloat16 or float32 operands of
-one dtype (of those the codegen multiplies: `DeviceChoices.matmul_dtypes`), known layouts, no dimension of size 0 or 1 (ATen's cheap special cases),
-and indices from which the roles of the loop variables can be read back
-(`matmul_roles`). A product with no pointwise reader (and no bias) stays an ATen
-call: with nothing to fuse, cuBLAS alone is the better kernel; so does one whose
-readers all refused to join it (`schedule_program` schedules again with it kept).
+one dtype (of those the codegen multiplies: `DeviceChoices.matmul_dtypes`), known
+layouts, no dimension of size 0 or 1 (ATen's cheap special cases), and indices from
+which the roles of the loop variables can be read back (`matmul_roles`). A product
+with no pointwise reader (and no bias) stays an ATen call: with nothing to fuse,
+cuBLAS alone is the better kernel; so does one whose readers all refused to join it
+(`schedule_program` schedules again with it kept).
 Everything else stays an ATen call, unchanged.
 """
 

@@ -80,7 +80,8 @@ struct GemmBlocks {
   GemmBlocks(int64_t batch, int64_t m_, int64_t n_, int64_t k, int threads) : m(m_), n(n_) {
     parallel = threads > 1 && batch * m * n * k >= kGemmParallelMin;
     const int64_t t = parallel ? threads : 1;
-    nb = std::min<int64_t>(n, std::min<int64_t>(kGemmMaxBlockN, (((n + t - 1) / t) + 15) / 16 * 16));
+    const int64_t share = ((n + t - 1) / t + 15) / 16 * 16;  // n / t, in whole vectors
+    nb = std::min<int64_t>(n, std::min<int64_t>(kGemmMaxBlockN, share));
     nb = std::max<int64_t>(nb, 1);
     ncount = (n + nb - 1) / nb;
     const int64_t rows = std::max<int64_t>(1, (t + batch * ncount - 1) / (batch * ncount));

@@ -45,7 +45,8 @@ def emit_matmul(e: Emitter) -> None:
     for member in kernel.members[1:]:
         if member.kind != POINTWISE or member.over_reduction:
             raise e.ctx.error(f"epilogue member {member.name} is not pointwise over the product")
-    ranges = dict(zip([index_var("i", d) for d in range(len(kernel.ranges))], kernel.ranges))
+    variables = [index_var("i", d) for d in range(len(kernel.ranges))]
+    ranges = dict(zip(variables, kernel.ranges, strict=True))
     k_var = roles.k
     batch = roles.batch
     c = e.ctx.index

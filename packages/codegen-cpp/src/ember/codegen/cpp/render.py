@@ -20,8 +20,8 @@ import torch
 from ember.codegen.cpp.dtypes import storage_type
 from ember.codegen.cpp.emitter import ERROR_RECORD, Emitter, KernelContext
 from ember.codegen.cpp.errors import CppRenderError
-from ember.codegen.cpp.info import CppSource, KernelArgument, KernelInfo
 from ember.codegen.cpp.gemm_prelude import GEMM_PRELUDE
+from ember.codegen.cpp.info import CppSource, KernelArgument, KernelInfo
 from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
 from ember.codegen.cpp.matmul_loops import emit_matmul
 from ember.codegen.cpp.prelude import PRELUDE
