@@ -129,10 +129,11 @@ def scheduling_choices(records: Records, matmul_templates: str = "off") -> Devic
 def cpu_templates(records: Records) -> bool:
     """Whether a CPU graph's float32 matmuls become matmul kernels with their
     epilogues (ember.codegen.cpp.matmul_loops): wherever torch exports the BLAS
-    `sgemm_` those kernels call for their blocks (ember.runtime.blas). No measuring: on
-    the 2-core development VM the blocked products with their epilogues beat ATen's
-    `addmm` and the separate epilogue kernel at every size the demo and the CPU suite
-    run (benchmarks/cpu_gemm_blocks.py); on one thread they are the same sgemm."""
+    `sgemm_` those kernels call for their blocks (ember.runtime.blas). No measuring, no
+    rule by shape yet: on the 2-core development VM (benchmarks/cpu_gemm_blocks.py) the
+    kernels beat ATen's `addmm` plus the separate epilogue kernel by 1.09-1.27x at the
+    demo's M = 64 with an activation, and matched it within 0.92-1.03x at 512x256x256
+    (a bias alone there: 0.92x, the one loss measured)."""
     if not records or any(r.type != "cpu" for r in records.values()):
         return False
     from ember.runtime.blas import sgemm_pointer
