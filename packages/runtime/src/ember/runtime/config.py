@@ -322,7 +322,10 @@ KNOBS: dict[str, Knob[Any]] = {
         "can fuse; 'off' never (cuBLAS, then separate kernels); 'auto' (default) "
         "measures each matmul at compile time (the tuned template against cuBLAS plus "
         "a copy of the separate epilogue's bytes) and keeps the template only where it "
-        "is at least 5% faster (ember.runtime.matmul_choice); symbolic sizes stay cuBLAS.",
+        "is at least 5% faster (ember.runtime.matmul_choice); symbolic sizes stay cuBLAS. "
+        "On the CPU, 'auto' and 'on' make float32 matmuls with their epilogues C++ "
+        "kernels (blocked over the threads, torch's BLAS sgemm per block) wherever "
+        "torch exports sgemm_; 'off' keeps ATen's addmm/mm.",
     ),
     "cudagraphs": Knob(
         "EMBER_CUDAGRAPHS",

@@ -71,6 +71,7 @@ import torch
 
 from ember.codegen.cpp import CppSource, KernelInfo
 from ember.ir import IndexOutOfBounds, index_error_message
+from ember.runtime.blas import sgemm_pointer
 from ember.runtime.cache import FAILED_CPP_STORE, entry_store
 from ember.runtime.config import config
 from ember.runtime.store import Entry, EntryStore
@@ -297,6 +298,11 @@ def load_library(path: Path) -> ctypes.CDLL:
     if query is not None:
         query.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         query.restype = ctypes.c_int
+    set_sgemm = _symbol(loaded, "ember_set_sgemm")  # a library with matmul kernels
+    if set_sgemm is not None:
+        set_sgemm.argtypes = [ctypes.c_void_p]
+        set_sgemm.restype = None
+        set_sgemm(sgemm_pointer())
     check_openmp_runtimes()
     return loaded
 

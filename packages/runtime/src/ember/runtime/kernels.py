@@ -111,14 +111,34 @@ def scheduling_choices(records: Records, matmul_templates: str = "off") -> Devic
     `matmul_templates` (EMBER_MATMUL_TEMPLATES) 'on' turns matmul templates with fused
     epilogues on where the codegen renders them (`template_choices`). 'auto' leaves
     them off here: the compiler measures each matmul and asks for the templates that
-    win (ember.runtime.matmul_choice)."""
+    win (ember.runtime.matmul_choice). On the CPU, 'auto' and 'on' turn them on
+    wherever torch's BLAS can compute the products (`cpu_templates`)."""
     if len({r.type for r in records.values()}) != 1:
         return DEFAULT_CHOICES
+    if matmul_templates != "off" and cpu_templates(records):
+        templates = template_choices(records)
+        if templates is not None:
+            return templates
     if matmul_templates == "on":
         templates = template_choices(records)
         if templates is not None:
             return templates
     return min(records.values(), key=lambda r: str(r.device)).choices
+
+
+def cpu_templates(records: Records) -> bool:
+    """Whether a CPU graph's float32 matmuls become matmul kernels with their
+    epilogues (ember.codegen.cpp.matmul_loops): wherever torch exports the BLAS
+    `sgemm_` those kernels call for their blocks (ember.runtime.blas). No measuring, no
+    rule by shape yet: on the 2-core development VM (benchmarks/cpu_gemm_blocks.py) the
+    kernels beat ATen's `addmm` plus the separate epilogue kernel by 1.09-1.27x at the
+    demo's M = 64 with an activation, and matched it within 0.92-1.03x at 512x256x256
+    (a bias alone there: 0.92x, the one loss measured)."""
+    if not records or any(r.type != "cpu" for r in records.values()):
+        return False
+    from ember.runtime.blas import sgemm_pointer
+
+    return sgemm_pointer() is not None
 
 
 def template_choices(records: Records) -> DeviceChoices | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class DeviceProperties:
@@ -63,7 +65,8 @@ class DeviceChoices:
     as an epilogue (Triton's does; the C++ one does not). `matmul_epilogues` asks the
     scheduler to use them (the runtime sets it from EMBER_MATMUL_TEMPLATES, and only
     where `matmul_templates` holds); `matmul_tf32` lets float32 products round their
-    operands to TF32 (torch's `allow_tf32` at compile time).
+    operands to TF32 (torch's `allow_tf32` at compile time); `matmul_dtypes` names the
+    operand dtypes the codegen's templates multiply (the C++ one: float32 alone).
     """
 
     max_members: int = 48
@@ -77,6 +80,9 @@ class DeviceChoices:
     matmul_templates: bool = False
     matmul_epilogues: bool = False
     matmul_tf32: bool = False
+    matmul_dtypes: frozenset[torch.dtype] = frozenset(
+        {torch.float16, torch.bfloat16, torch.float32}
+    )
 
     def reduction_chunks(self, outputs: int, length: int, extent: int, column: bool) -> int:
         """How many chunks to cut each row of a static reduction into (1: leave it whole).

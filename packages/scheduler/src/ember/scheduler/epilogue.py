@@ -21,11 +21,12 @@ exactly the point it computes (no transposed, shifted, masked or indirect read: 
 fuser's rule 3). A product that something else reads too is stored as well.
 
 Only calls that fit the template are turned: float16, bfloat16 or float32 operands of
-one dtype, known layouts, no dimension of size 0 or 1 (ATen's cheap special cases),
-and indices from which the roles of the loop variables can be read back
-(`matmul_roles`). A product with no pointwise reader (and no bias) stays an ATen
-call: with nothing to fuse, cuBLAS alone is the better kernel; so does one whose
-readers all refused to join it (`schedule_program` schedules again with it kept).
+one dtype (of those the codegen multiplies: `DeviceChoices.matmul_dtypes`), known
+layouts, no dimension of size 0 or 1 (ATen's cheap special cases), and indices from
+which the roles of the loop variables can be read back (`matmul_roles`). A product
+with no pointwise reader (and no bias) stays an ATen call: with nothing to fuse,
+cuBLAS alone is the better kernel; so does one whose readers all refused to join it
+(`schedule_program` schedules again with it kept).
 Everything else stays an ATen call, unchanged.
 """
 
@@ -141,7 +142,7 @@ def template_matmuls(
     for node in program.nodes:
         built = None
         if isinstance(node, ExternKernel) and node.op in MATMUL_OPS and node.name not in keep:
-            built = _template(node, layouts, pointwise_readers, taken)
+            built = _template(node, layouts, pointwise_readers, taken, choices.matmul_dtypes)
         if built is None:
             nodes.append(node)
             continue
@@ -157,11 +158,13 @@ def _template(
     layouts: dict[str, Layout],
     pointwise_readers: set[str],
     taken: set[str],
+    dtypes: frozenset[torch.dtype] = MATMUL_DTYPES,
 ) -> list[ComputeNode] | None:
-    """The loop nodes replacing one matmul call, or None where it stays a call."""
+    """The loop nodes replacing one matmul call, or None where it stays a call
+    (`dtypes`: the operand dtypes the codegen multiplies)."""
     kind = MATMUL_OPS[node.op]
     out = node.layout
-    if node.multi or out is None or out.dtype not in MATMUL_DTYPES:
+    if node.multi or out is None or out.dtype not in MATMUL_DTYPES & dtypes:
         return None
     kwargs = dict(node.kwargs)
     bias: BufferRef | None = None

@@ -20,8 +20,10 @@ import torch
 from ember.codegen.cpp.dtypes import storage_type
 from ember.codegen.cpp.emitter import ERROR_RECORD, Emitter, KernelContext
 from ember.codegen.cpp.errors import CppRenderError
+from ember.codegen.cpp.gemm_prelude import GEMM_PRELUDE
 from ember.codegen.cpp.info import CppSource, KernelArgument, KernelInfo
 from ember.codegen.cpp.loops import emit_pointwise, emit_scatter
+from ember.codegen.cpp.matmul_loops import emit_matmul
 from ember.codegen.cpp.prelude import PRELUDE
 from ember.codegen.cpp.reduction_loops import ReductionEmitter
 from ember.codegen.cpp.scan_loops import emit_scan
@@ -45,7 +47,8 @@ def render_kernels(kernels: Sequence[FusedKernel]) -> CppSource:
         parts.append(text)
         infos.append(info)
     body = "\n".join(parts)
-    return CppSource("\n".join([PRELUDE, special_source(body), body]), tuple(infos))
+    gemm = GEMM_PRELUDE if any(k.matmul is not None for k in kernels) else ""
+    return CppSource("\n".join([PRELUDE, gemm, special_source(body), body]), tuple(infos))
 
 
 def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
@@ -64,7 +67,9 @@ def render_kernel(kernel: FusedKernel) -> tuple[str, KernelInfo]:
         pointer_dtypes={a.name: a.dtype for a in arguments if a.kind == "buffer"},
     )
     e = Emitter(ctx)
-    if kernel.is_scatter:
+    if kernel.matmul is not None:
+        emit_matmul(e)
+    elif kernel.is_scatter:
         emit_scatter(e)
     elif kernel.is_scan:
         emit_scan(e)
