@@ -345,7 +345,8 @@ def _build(
     measured = measures_matmuls(records, config.kernels, config.matmul_templates)
     templates = template_choices(records) if measured else None
     with _timed(record, "scheduling"):
-        choices = scheduling_choices(records, config.matmul_templates)
+        training = name.startswith(("forward", "backward"))
+        choices = scheduling_choices(records, config.matmul_templates, training)
         if templates is None:
             schedule = schedule_program(program, choices)
     if templates is not None:

@@ -104,18 +104,25 @@ def extern_depthwise(records: Records, setting: str = "auto") -> tuple[str, ...]
     return tuple(sorted({r.type for r in records.values() if aten or not r.lowers_depthwise}))
 
 
-def scheduling_choices(records: Records, matmul_templates: str = "off") -> DeviceChoices:
+def scheduling_choices(
+    records: Records, matmul_templates: str = "off", training: bool = False
+) -> DeviceChoices:
     """The scheduler's device-specific choices: the codegen's own for a graph on one
     device type (the first device's, with several GPUs), the defaults otherwise.
 
     `matmul_templates` (EMBER_MATMUL_TEMPLATES) 'on' turns matmul templates with fused
     epilogues on where the codegen renders them (`template_choices`). 'auto' leaves
     them off here: the compiler measures each matmul and asks for the templates that
-    win (ember.runtime.matmul_choice). On the CPU, 'auto' and 'on' turn them on
-    wherever torch's BLAS can compute the products (`cpu_templates`)."""
+    win (ember.runtime.matmul_choice). On the CPU, 'auto' turns them on for inference
+    graphs (`training`: a training forward or backward) wherever torch's BLAS can
+    compute the products (`cpu_templates`), and 'on' for every graph. In training
+    steps they measured slower: GPT-2 0.92-0.94x and BERT 0.94-1.01x against ATen's
+    matmuls, where inference was at 0.98-1.02x (2-core VM, 1 and 2 threads, one
+    process, alternating rounds), and the demo's MLP 1.24x faster."""
     if len({r.type for r in records.values()}) != 1:
         return DEFAULT_CHOICES
-    if matmul_templates != "off" and cpu_templates(records):
+    cpu = matmul_templates == "on" or (matmul_templates == "auto" and not training)
+    if cpu and cpu_templates(records):
         templates = template_choices(records)
         if templates is not None:
             return templates
@@ -129,11 +136,9 @@ def scheduling_choices(records: Records, matmul_templates: str = "off") -> Devic
 def cpu_templates(records: Records) -> bool:
     """Whether a CPU graph's float32 matmuls become matmul kernels with their
     epilogues (ember.codegen.cpp.matmul_loops): wherever torch exports the BLAS
-    `sgemm_` those kernels call for their blocks (ember.runtime.blas). No measuring, no
-    rule by shape yet: on the 2-core development VM (benchmarks/cpu_gemm_blocks.py) the
-    kernels beat ATen's `addmm` plus the separate epilogue kernel by 1.09-1.27x at the
-    demo's M = 64 with an activation, and matched it within 0.92-1.03x at 512x256x256
-    (a bias alone there: 0.92x, the one loss measured)."""
+    `sgemm_` those kernels call for their blocks (ember.runtime.blas). No measuring and
+    no rule by shape: a bound by shape lost to every product a kernel in whole models
+    (benchmarks/results/cpu-demo-mlp-cpu-2core-2026-11-25-a61cf1a.md)."""
     if not records or any(r.type != "cpu" for r in records.values()):
         return False
     from ember.runtime.blas import sgemm_pointer
