@@ -59,8 +59,8 @@ def _compile_kind(
     """One graph of a backend call, compiled with the settings of that call: a backward
     compiled lazily, at the first backward call, uses its forward's settings, not
     whatever the environment or a `config.scope` says by then. Each compiled graph
-    (and a forward's AOTAutograd metadata) is noted in `compiled`, for the training
-    runtime (ember.runtime.training)."""
+    (and a forward's or inference graph's AOTAutograd metadata) is noted in
+    `compiled`, for ember's lean runtime (ember.runtime.lean_runtime)."""
     with config.frozen(settings), full_collections_deferred():
         static = _static_inputs() if kind != "backward" else ()
         # a forward lends what it saves for the backward, a backward its gradients
@@ -74,9 +74,14 @@ def _compile_kind(
         compiled[kind] = graph
         if kind != "backward":
             compiled["metadata"] = _forward_metadata()
-        elif kind == "backward":
-            compiled["backward_outputs"] = len(pytree.tree_leaves(output_node(gm).args[0]))
+        else:
+            compiled["backward_outputs"] = _output_count(gm)
     return graph
+
+
+def _output_count(gm: torch.fx.GraphModule) -> int:
+    """How many values a graph returns (a backward: one gradient or None per input)."""
+    return len(pytree.tree_leaves(output_node(gm).args[0]))
 
 
 def _forward_metadata() -> Any:
@@ -429,7 +434,7 @@ def _compiled_at_first_call(
 
         backward._boxed_call = True  # type: ignore[attr-defined]
         graphs["backward"] = backward
-        graphs["backward_outputs"] = len(pytree.tree_leaves(output_node(gm).args[0]))
+        graphs["backward_outputs"] = _output_count(gm)
         return backward
 
     return compile_later

@@ -121,12 +121,10 @@ def scheduling_choices(
     process, alternating rounds), and the demo's MLP 1.24x faster."""
     if len({r.type for r in records.values()}) != 1:
         return DEFAULT_CHOICES
-    cpu = matmul_templates == "on" or (matmul_templates == "auto" and not training)
-    if cpu and cpu_templates(records):
-        templates = template_choices(records)
-        if templates is not None:
-            return templates
-    if matmul_templates == "on":
+    wanted = matmul_templates == "on" or (
+        matmul_templates == "auto" and not training and cpu_templates(records)
+    )
+    if wanted:
         templates = template_choices(records)
         if templates is not None:
             return templates

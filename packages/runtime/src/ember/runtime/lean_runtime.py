@@ -118,15 +118,34 @@ def _mark_dynamic() -> Callable[[torch.Tensor, set[int]], None] | None:
     return mark if callable(mark) else None
 
 
-def _dynamic_marks(metadata: Any) -> list[tuple[int, set[int]]]:
-    """The outputs AOTAutograd's runtime marks dynamic, with their dimensions."""
-    if not getattr(metadata, "dynamic_outputs", False):
-        return []
-    return [
+def _output_marker(metadata: Any) -> Callable[[list[Any]], None] | None:
+    """What marks a call's outputs dynamic as AOTAutograd's runtime marks them (their
+    dynamic dimensions, for the graphs Dynamo traces after this one); None where
+    there is nothing to mark. `why_not_lean` refuses graphs with dynamic outputs
+    where this torch has no marking function."""
+    mark = _mark_dynamic()
+    if mark is None or not getattr(metadata, "dynamic_outputs", False):
+        return None
+    marks = [
         (i, out.dynamic_dims)
         for i, out in enumerate(metadata.output_info)
         if getattr(out, "dynamic_dims", None) is not None
     ]
+
+    def mark_outputs(outs: list[Any]) -> None:
+        for i, dims in marks:
+            mark(outs[i], dims)
+
+    return mark_outputs if marks else None
+
+
+def _called(compiled: Callable[[list[Any]], Any], args: list[Any]) -> Any:
+    """`compiled(args)` with autocast off where it is on: the graph was traced under it,
+    and its ATen calls must not cast again (AOTAutograd's runtime does the same)."""
+    if autocast_on():
+        with no_autocast():
+            return compiled(args)
+    return compiled(args)
 
 
 def _slice_length(metadata: Any, name: str) -> int:
@@ -176,18 +195,14 @@ def lean_training(
     ]
     nondeterministic = getattr(metadata, "deterministic", None) is False
     written = list(metadata.mutated_graph_handled_indices_seen_by_autograd)
-    dynamic, mark = _dynamic_marks(metadata), _mark_dynamic()
+    mark_outputs = _output_marker(metadata)
     interpreters = torch._C._functorch.peek_interpreter_stack
     from torch._dynamo import compiled_autograd
 
     class CompiledTrainingGraph(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:
-            if autocast_on():
-                with no_autocast():
-                    outs = compiled_forward(list(args))
-            else:
-                outs = compiled_forward(list(args))
+            outs = _called(compiled_forward, list(args))
             ctx.save_for_backward(*[x.detach() if x._is_view() else x for x in outs[saved_tensors]])
             ctx.symints = outs[saved_symbols]
             results = tuple(outs[:returned])
@@ -224,10 +239,7 @@ def lean_training(
             clear = getattr(ctx, "maybe_clear_saved_tensors", None)
             if clear is not None:
                 clear()  # the backward frees each saved value as it is done with it
-            if autocast_on():
-                with no_autocast():
-                    return tuple(compiled_backward(args))
-            return tuple(compiled_backward(args))
+            return tuple(_called(compiled_backward, args))
 
     apply = CompiledTrainingGraph.apply
 
@@ -242,9 +254,8 @@ def lean_training(
         if written:
             bump([args[i] for i in written])
         outs = list(apply(*args))
-        if dynamic and mark is not None:
-            for i, dims in dynamic:
-                mark(outs[i], dims)
+        if mark_outputs is not None:
+            mark_outputs(outs)
         return outs
 
     return run
@@ -257,7 +268,7 @@ def lean_inference(
     taking the graph's inputs and returning its outputs. `fallback` (AOTAutograd's
     runtime) runs calls under a functorch transform."""
     written = list(metadata.mutated_graph_handled_indices_seen_by_autograd)
-    dynamic, mark = _dynamic_marks(metadata), _mark_dynamic()
+    mark_outputs = _output_marker(metadata)
     interpreters = torch._C._functorch.peek_interpreter_stack
 
     def run(*args: Any) -> Any:
@@ -265,14 +276,9 @@ def lean_inference(
             return fallback(*args)
         if written:
             bump([args[i] for i in written])
-        if autocast_on():
-            with no_autocast():
-                outs = compiled(list(args))
-        else:
-            outs = compiled(list(args))
-        if dynamic and mark is not None:
-            for i, dims in dynamic:
-                mark(outs[i], dims)
+        outs = _called(compiled, list(args))
+        if mark_outputs is not None:
+            mark_outputs(outs)
         return outs
 
     return run

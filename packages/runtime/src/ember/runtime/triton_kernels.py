@@ -823,17 +823,16 @@ class _Bound:
         self.bounds = [(buffers + len(sizes) + n, i) for n, i in enumerate(launcher._bounds)]
         fixed = {buffers + n: s for n, s in enumerate(sizes)}
         user = buffers + len(sizes) + len(self.bounds)
+        programs = grid[0] * grid[1] * grid[2]
         # a look-back scan's workspace: (its slot, words); one for graph captures now
         self.workspace: tuple[int, torch.device] | None = None
         self.workspaces: dict[int | str, torch.Tensor] = {}
         if launcher.kernel.workspace:
             self.workspace = (user, torch.device("cuda", function.device))
-            programs = grid[0] * grid[1] * grid[2]
             self.workspaces["graph"] = new_workspace(launcher.kernel, programs, self.workspace[1])
             user += 1
         for index in range(user, len(binary.kinds)):
             fixed[index] = 0  # Triton's scratch pointers: none needed ...
-        programs = grid[0] * grid[1] * grid[2]
         # ... unless the binary asks for global scratch: (bytes for the grid, its slot)
         self.scratch = (binary.scratch * programs, user) if binary.scratch else None
         self.device = function.device
